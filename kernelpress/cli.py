@@ -1,0 +1,54 @@
+"""The ``kernelpress`` command line: build and check kernel repos."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import __version__
+
+
+def _cmd_build(args) -> int:
+    from .build import build
+
+    build(args.repo, jobs=args.jobs)
+    return 0
+
+
+def _cmd_check(args) -> int:
+    from .check import check_path, print_report
+
+    results = check_path(Path(args.path))
+    print_report(results)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kernelpress", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kernelpress {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("build", help="compile the repo into build/<variant>/")
+    p.add_argument("repo", nargs="?", default=".", help="kernel repo root (holds build.toml)")
+    p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: CPU count)")
+    p.set_defaults(func=_cmd_build)
+
+    p = sub.add_parser("check", help="check a build: layout, metadata, digest, ABI, SASS")
+    p.add_argument("path", nargs="?", default="build", help="a build/ dir, a variant dir, or a repo root")
+    p.set_defaults(func=_cmd_check)
+
+    args = parser.parse_args(argv)
+    from .build import BuildError
+    from .config import ConfigError
+    from .toolchain import ToolchainError
+
+    try:
+        return args.func(args)
+    except (BuildError, ConfigError, ToolchainError) as e:
+        print(f"kernelpress: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The kernel rungs this build provides, and which of them run on the current device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One kernel rung: its op, the dtypes it takes and the GPUs it has code for."""
+
+    name: str
+    op_name: str
+    dtypes: tuple[torch.dtype, ...]
+    # Lowest compute capability the build has machine code or PTX for.
+    min_capability: tuple[int, int]
+    # Set for arch-specific code (sm_90a): runs on exactly this capability.
+    exact_capability: tuple[int, int] | None
+    summary: str
+
+
+ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+RUNGS: dict[str, Rung] = {
+    rung.name: rung
+    for rung in (
+        Rung(
+            name="naive",
+            op_name="naive",
+            dtypes=ALL_DTYPES,
+            min_capability=(8, 0),
+            exact_capability=None,
+            summary="one thread per output element, fp32 accumulate",
+        ),
+    )
+}
+
+# Best first: `kernel="auto"` takes the first available rung that takes the dtype.
+AUTO_ORDER = ("naive",)
+
+
+@dataclass(frozen=True)
+class KernelAvailability:
+    """Whether a rung runs on a device, and if not, why."""
+
+    name: str
+    available: bool
+    reason: str
+    dtypes: tuple[torch.dtype, ...]
+
+
+def _capability_problem(rung: Rung, device: torch.device) -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device is present (torch.cuda.is_available() is False)"
+    capability = torch.cuda.get_device_capability(device)
+    name = torch.cuda.get_device_name(device)
+    if rung.exact_capability is not None and capability != rung.exact_capability:
+        want = "%d.%d" % rung.exact_capability
+        return f"needs compute capability exactly {want} (arch-specific code); {name} is {capability[0]}.{capability[1]}"
+    if capability < rung.min_capability:
+        want = "%d.%d" % rung.min_capability
+        return f"needs compute capability >= {want}; {name} is {capability[0]}.{capability[1]}"
+    return None
+
+
+def availability(name: str, device: torch.device | None = None) -> KernelAvailability:
+    rung = RUNGS[name]
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cuda")
+    problem = _capability_problem(rung, device)
+    if problem is None:
+        return KernelAvailability(name, True, "runs on this device", rung.dtypes)
+    return KernelAvailability(name, False, problem, rung.dtypes)
