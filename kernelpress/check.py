@@ -1,0 +1,196 @@
+"""``kernelpress check``: verify a build before anyone loads or publishes it.
+
+Checks, per variant: the directory layout; metadata.json against the kernels
+package's own parser (and build.toml, when the repo is at hand); the digest;
+that the op namespace id agrees across metadata, ``_ops.py``, the extension's
+file name and its ``PyInit_`` symbol; ``kernel-abi-check`` (manylinux_2_28 and
+Python limited API 3.9) on every ``.so``; and that every declared CUDA arch has
+machine code (and PTX where ``+PTX`` is declared), read with cuobjdump.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .archs import CudaArch
+
+MANYLINUX = "manylinux_2_28"
+PYTHON_ABI = "3.9"
+REQUIRED_FILES = ("__init__.py", "_ops.py", "metadata.json")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    variant: str
+    name: str
+    ok: bool
+    detail: str
+
+
+def find_cuobjdump() -> Path | None:
+    """cuobjdump from PyPI's nvidia-cuda-cuobjdump, else from PATH or the CUDA toolkit."""
+    for entry in sys.path:
+        for candidate in Path(entry).glob("nvidia/cu*/bin/cuobjdump"):
+            if candidate.is_file():
+                return candidate
+    found = shutil.which("cuobjdump")
+    if found:
+        return Path(found)
+    toolkit = Path("/usr/local/cuda/bin/cuobjdump")
+    return toolkit if toolkit.is_file() else None
+
+
+def embedded_cuda_code(so: Path, cuobjdump: Path) -> tuple[set[str], set[str]]:
+    """The SASS targets (``sm_90a``) and PTX targets (``compute_120``) in a library."""
+    def listing(flag: str) -> str:
+        out = subprocess.run([str(cuobjdump), flag, str(so)], capture_output=True, text=True)
+        return out.stdout + out.stderr
+
+    sass = set(re.findall(r"\.(sm_\d+[af]?)\.cubin", listing("--list-elf")))
+    ptx = {"compute_" + m for m in re.findall(r"\.sm_(\d+[af]?)\.ptx", listing("--list-ptx"))}
+    return sass, ptx
+
+
+def _exported_symbols(so: Path) -> set[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True)
+    return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+
+
+def check_variant(variant_dir: Path, config=None, cuobjdump: Path | None = None) -> list[CheckResult]:
+    """Every check on one variant directory; ``config`` (a BuildConfig) adds build.toml checks."""
+    from kernel_abi_check import ObjectFile
+    from kernels._rust import Digest, DigestValidationError, Metadata
+    from kernels.variants import parse_variant
+
+    name = variant_dir.name
+    results: list[CheckResult] = []
+
+    def add(check: str, ok: bool, detail: str) -> None:
+        results.append(CheckResult(name, check, ok, detail))
+
+    try:
+        parse_variant(name)
+        add("variant name", True, "parsed by kernels")
+    except ValueError as e:
+        add("variant name", False, str(e))
+
+    missing = [f for f in REQUIRED_FILES if not (variant_dir / f).is_file()]
+    libraries = sorted(variant_dir.glob("*.so"))
+    problems = [f"missing {f}" for f in missing]
+    if len(libraries) != 1:
+        problems.append(f"expected one .so, found {len(libraries)}: {[p.name for p in libraries]}")
+    add("layout", not problems, "; ".join(problems) or "__init__.py, _ops.py, metadata.json, one .so")
+    if missing and "metadata.json" in missing:
+        return results
+
+    try:
+        metadata = Metadata.read_from_file(variant_dir / "metadata.json")
+    except ValueError as e:
+        add("metadata", False, f"kernels cannot parse metadata.json: {e}")
+        return results
+    problems = []
+    if config is not None:
+        if str(metadata.name) != config.name:
+            problems.append(f"name {metadata.name} != build.toml {config.name}")
+        if metadata.version != config.version:
+            problems.append(f"version {metadata.version} != build.toml {config.version}")
+        if metadata.license != config.license:
+            problems.append(f"license {metadata.license} != build.toml {config.license}")
+        if list(metadata.backend.archs or []) != config.cuda_archs:
+            problems.append(f"archs {metadata.backend.archs} != build.toml {config.cuda_archs}")
+    if metadata.version is None:
+        problems.append("no version")
+    add("metadata", not problems, "; ".join(problems) or f"{metadata.name} v{metadata.version}, archs {metadata.backend.archs}")
+
+    if metadata.digest is None:
+        add("digest", False, "metadata.json has no digest")
+    else:
+        try:
+            metadata.digest.validate(Digest.hash_variant(metadata.digest.algorithm, variant_dir))
+            add("digest", True, f"{len(metadata.digest.files)} files match")
+        except DigestValidationError as e:
+            add("digest", False, "; ".join(str(v) for v in e.violations))
+
+    op_id = metadata.id
+    problems = []
+    if not re.fullmatch(rf"_{metadata.name.python_name}_cuda_[0-9a-f]{{7}}(_dirty)?", op_id):
+        problems.append(f"id {op_id!r} is not _<python_name>_cuda_<7 hex>[_dirty]")
+    ops_text = (variant_dir / "_ops.py").read_text() if (variant_dir / "_ops.py").is_file() else ""
+    for needle in (f"from . import {op_id}", f"torch.ops.{op_id}", f"{op_id}::"):
+        if needle not in ops_text:
+            problems.append(f"_ops.py lacks {needle!r}")
+    if libraries:
+        so = libraries[0]
+        if so.name != f"{op_id}.abi3.so":
+            problems.append(f"extension is {so.name}, expected {op_id}.abi3.so")
+        if f"PyInit_{op_id}" not in _exported_symbols(so):
+            problems.append(f"{so.name} does not export PyInit_{op_id}")
+        if op_id.encode() not in so.read_bytes():
+            problems.append(f"{so.name} does not register ops under {op_id}")
+    add("op namespace", not problems, "; ".join(problems) or f"{op_id} in metadata, _ops.py and the .so")
+
+    for so in libraries:
+        obj = ObjectFile(so)
+        manylinux = obj.check_manylinux(MANYLINUX)
+        abi3 = obj.check_python_abi(PYTHON_ABI)
+        add(f"{MANYLINUX} ({so.name})", not manylinux,
+            "; ".join(f"{v.name}@{v.version} from {v.dep}" for v in manylinux) or "0 violations")
+        add(f"abi3 {PYTHON_ABI} ({so.name})", not abi3,
+            "; ".join(repr(v) for v in abi3) or "0 violations")
+
+    archs = list(metadata.backend.archs or [])
+    if str(metadata.backend.backend_type).lower() == "cuda" and libraries:
+        tool = cuobjdump or find_cuobjdump()
+        if tool is None:
+            add("SASS", False, "cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+        else:
+            sass, ptx = embedded_cuda_code(libraries[0], tool)
+            problems = []
+            for text in archs:
+                arch = CudaArch.parse(text)
+                if arch.sm not in sass:
+                    problems.append(f"no {arch.sm} SASS for {text}")
+                if arch.ptx and arch.compute not in ptx:
+                    problems.append(f"no {arch.compute} PTX for {text}")
+            add("SASS", not problems, "; ".join(problems)
+                or f"SASS {' '.join(sorted(sass))}" + (f", PTX {' '.join(sorted(ptx))}" if ptx else ""))
+    return results
+
+
+def check_path(path: Path) -> list[CheckResult]:
+    """Check a repo root (its build/ against its build.toml), a build/ dir, or one variant dir."""
+    from .config import load_config
+
+    path = path.resolve()
+    config = None
+    if (path / "build.toml").is_file():
+        config = load_config(path)
+        path = path / "build"
+    elif (path.parent / "build.toml").is_file() and path.name == "build":
+        config = load_config(path.parent)
+    if (path / "metadata.json").is_file():
+        variants = [path]
+    else:
+        variants = sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
+    if not variants:
+        return [CheckResult(path.name, "layout", False, f"no variant directories in {path}")]
+    cuobjdump = find_cuobjdump()
+    return [r for v in variants for r in check_variant(v, config, cuobjdump)]
+
+
+def print_report(results: list[CheckResult], out=sys.stdout) -> None:
+    width = max(len(r.name) for r in results)
+    current = None
+    for r in results:
+        if r.variant != current:
+            current = r.variant
+            print(current, file=out)
+        print(f"  {'ok  ' if r.ok else 'FAIL'}  {r.name:<{width}}  {r.detail}", file=out)
+    failed = [r for r in results if not r.ok]
+    verdict = "all checks passed" if not failed else "FAILED: " + ", ".join(sorted({r.name for r in failed}))
+    print(f"{len(results) - len(failed)} of {len(results)} checks ok; {verdict}", file=out)

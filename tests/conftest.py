@@ -1,0 +1,69 @@
+"""Shared fixtures: the repo's built variant, the kernel loaded from it, and the `gpu` marker."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+REPO_ID = "persistent-matmul/persistent-matmul"
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def variant_dir(repo_root) -> Path:
+    """The repo's variant directory, built by kernelpress first if there is none.
+
+    `make test` builds before running pytest, so this normally finds the build.
+    """
+    variants = sorted((repo_root / "build").glob("torch-*"))
+    if not variants:
+        from kernelpress.build import build
+
+        return build(repo_root, out=sys.stderr).variant_dir
+    assert len(variants) == 1, f"expected one variant in build/, found {variants}"
+    return variants[0]
+
+
+@pytest.fixture(scope="session")
+def pm(variant_dir):
+    """The persistent_matmul module, loaded from the build with kernels.get_local_kernel."""
+    from kernels import get_local_kernel
+
+    return get_local_kernel(variant_dir.parent)
+
+
+@pytest.fixture
+def subprocess_env(tmp_path) -> dict:
+    """An environment for child processes that reaches no Hub and no user cache."""
+    env = dict(os.environ)
+    for key in ("LOCAL_KERNELS", "HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE"):
+        env.pop(key, None)
+    env["HF_HOME"] = str(tmp_path / "hf_home")
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    return env
