@@ -70,8 +70,10 @@ def write_ninja(config: BuildConfig, tc: Toolchain, work: Path, jobs: int) -> Pa
     defines = ["-DCUDA_KERNEL", "-DUSE_CUDA=1", "-DPy_LIMITED_API=0x03090000"]
     if abi is not None:
         defines.append(f"-DTORCH_TARGET_VERSION=0x{abi[0]:02x}{abi[1]:02x}000000000000")
+        std = "-std=c++17"
     else:
         defines.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(tc.torch_cxx11_abi)}")
+        std = "-std=c++20"  # torch's full C++ headers (2.13+) need C++20
     system_includes = [f"-I{p}" for p in (*tc.torch_include, tc.cuda_home / "include", tc.python_include)]
     compat_h = gen / "manylinux_compat.h"
 
@@ -92,7 +94,7 @@ def write_ninja(config: BuildConfig, tc: Toolchain, work: Path, jobs: int) -> Pa
     for section in config.kernels:
         includes = [f"-I{repo / d}" for d in section.include]
         nvcc_flags = [
-            "-O3", "-std=c++17", "-lineinfo", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+            "-O3", std, "-lineinfo", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
             f"--threads={jobs}", f"--pre-include={compat_h}", *defines, *includes, *system_includes,
             *archs.gencode_flags(section.cuda_capabilities), *section.cuda_flags,
         ]
@@ -105,7 +107,7 @@ def write_ninja(config: BuildConfig, tc: Toolchain, work: Path, jobs: int) -> Pa
             objects.append(obj)
 
     binding_flags = [
-        "-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden", f"-include{compat_h}", *defines,
+        "-O2", std, "-fPIC", "-fvisibility=hidden", f"-include{compat_h}", *defines,
         f"-I{gen}", *[f"-I{repo / d}" for d in config.torch.include], *system_includes,
     ]
     for src in config.torch.compiled_sources:
@@ -149,7 +151,9 @@ def run_ninja(tc: Toolchain, work: Path, jobs: int, out=sys.stdout) -> int:
         log.append(line)
         print(line, file=out, flush=True)
     if proc.wait() != 0:
-        raise BuildError("build failed:\n" + "\n".join(log[-60:]))
+        failed = [line for line in log if line.startswith("FAILED:")]
+        errors = [line for line in log if "error" in line.lower() and not line.startswith("FAILED:")]
+        raise BuildError("\n".join(["a build step failed (compiler output above):", *failed, *errors[:20]]))
     return steps
 
 

@@ -1,0 +1,245 @@
+"""kernelpress build and check, on a tiny fixture repo (one op, sm_80 only) so builds take seconds."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelpress import archs
+from kernelpress.build import BuildError, build
+from kernelpress.check import check_path, check_variant
+from kernelpress.config import ConfigError, load_config
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tiny-kernel"
+STABLE_VARIANT = "torch-stable-abi210-cu130-x86_64-linux"
+TORCH_XY = "".join(torch.__version__.split("+")[0].split(".")[:2])
+VERSIONED_VARIANT = f"torch{TORCH_XY}-cxx11-cu130-x86_64-linux"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_repo(dest: Path, *, use_git: bool = True) -> Path:
+    shutil.copytree(FIXTURE, dest)
+    if use_git:
+        git(dest, "init", "-q")
+        git(dest, "add", "-A")
+        git(dest, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "fixture")
+    return dest
+
+
+def quiet_build(repo: Path):
+    log = io.StringIO()
+    result = build(repo, jobs=2, out=log)
+    return result, log.getvalue()
+
+
+@pytest.fixture(scope="module")
+def built_repo(tmp_path_factory):
+    repo = make_repo(tmp_path_factory.mktemp("stable") / "tiny-kernel")
+    result, _ = quiet_build(repo)
+    return repo, result
+
+
+def test_gencode_flags_per_capability():
+    assert archs.gencode_flags(["8.0"]) == ["-gencode=arch=compute_80,code=sm_80"]
+    assert archs.gencode_flags(["9.0a"]) == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert archs.gencode_flags(["12.0+PTX"]) == [
+        "-gencode=arch=compute_120,code=sm_120", "-gencode=arch=compute_120,code=compute_120"]
+    with pytest.raises(ValueError, match="not a CUDA capability"):
+        archs.CudaArch.parse("sm_90")
+
+
+def test_stable_build_writes_a_checked_variant(built_repo):
+    repo, result = built_repo
+    assert result.variant == STABLE_VARIANT
+    tree = git(repo, "rev-parse", "HEAD^{tree}")
+    assert result.op_id == f"_tiny_add_cuda_{tree[:7]}"
+    names = sorted(p.name for p in result.variant_dir.iterdir())
+    assert names == sorted(["__init__.py", "_ops.py", "metadata.json", f"{result.op_id}.abi3.so"])
+    metadata = json.loads((result.variant_dir / "metadata.json").read_text())
+    assert (metadata["name"], metadata["version"], metadata["license"]) == ("tiny-add", 3, "MIT")
+    assert metadata["backend"] == {"type": "cuda", "archs": ["8.0"]}
+    assert metadata["provenance"]["kernel"] == {"commit": git(repo, "rev-parse", "HEAD"), "dirty": False}
+    results = check_path(repo)
+    assert [r for r in results if not r.ok] == []
+    assert {r.name for r in results} >= {"layout", "metadata", "digest", "op namespace", "SASS"}
+
+
+def test_built_variant_loads_and_registers_its_op(built_repo, subprocess_env):
+    repo, result = built_repo
+    code = f"""
+import torch
+from pathlib import Path
+from kernels import get_local_kernel
+mod = get_local_kernel(Path({str(repo / 'build')!r}))
+print("op", hasattr(torch.ops.{result.op_id}, "add_one_"))
+try:
+    mod.add_one_(torch.zeros(3))
+except Exception as e:
+    print("error", type(e).__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "op True" in out.stdout
+    assert "error NotImplementedError" in out.stdout  # no CPU implementation: a clean error, no crash
+
+
+def test_rebuild_recompiles_only_what_changed(tmp_path):
+    repo = make_repo(tmp_path / "tiny-kernel")
+    quiet_build(repo)
+    result, log = quiet_build(repo)
+    assert result.steps_run == 0, log
+    os.utime(repo / "csrc" / "add_one.cu")  # touched, same content: same id
+    result, log = quiet_build(repo)
+    assert result.steps_run == 2, log  # that source, then the link
+    assert "nvcc csrc/add_one.cu" in log and "torch_binding" not in log
+    header = repo / "csrc" / "add_one.h"
+    os.utime(header)
+    result, log = quiet_build(repo)
+    assert "nvcc csrc/add_one.cu" in log and "torch_binding" in log  # both include it
+
+
+def test_editing_a_tracked_source_marks_the_build_dirty(tmp_path):
+    repo = make_repo(tmp_path / "tiny-kernel")
+    clean, _ = quiet_build(repo)
+    source = repo / "csrc" / "add_one.cu"
+    source.write_text(source.read_text() + "\n// edited\n")
+    dirty, log = quiet_build(repo)
+    assert dirty.op_id == clean.op_id + "_dirty"
+    libraries = [p.name for p in dirty.variant_dir.glob("*.so")]
+    assert libraries == [f"{dirty.op_id}.abi3.so"]  # the clean build's library is gone
+    metadata = json.loads((dirty.variant_dir / "metadata.json").read_text())
+    assert metadata["provenance"]["kernel"]["dirty"] is True
+    assert all(r.ok for r in check_path(repo))
+
+
+def test_without_git_the_id_follows_the_sources(tmp_path):
+    repo = make_repo(tmp_path / "tiny-kernel", use_git=False)
+    first, _ = quiet_build(repo)
+    source = repo / "csrc" / "add_one.cu"
+    source.write_text(source.read_text() + "\n// edited\n")
+    second, _ = quiet_build(repo)
+    assert first.op_id != second.op_id
+    assert not second.op_id.endswith("_dirty")
+    assert "provenance" in json.loads((second.variant_dir / "metadata.json").read_text())
+
+
+def test_versioned_variant_without_stable_abi(tmp_path, subprocess_env):
+    repo = make_repo(tmp_path / "tiny-kernel", use_git=False)
+    toml = repo / "build.toml"
+    toml.write_text("\n".join(l for l in toml.read_text().splitlines() if not l.startswith("stable-abi")))
+    result, _ = quiet_build(repo)
+    assert result.variant == VERSIONED_VARIANT
+    assert [r for r in check_path(repo) if not r.ok] == []
+    code = f"""
+import torch
+from pathlib import Path
+from kernels import get_local_kernel
+get_local_kernel(Path({str(repo / 'build')!r}))
+print("op", hasattr(torch.ops.{result.op_id}, "add_one_"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "op True" in out.stdout
+
+
+@pytest.fixture
+def variant_copy(built_repo, tmp_path) -> Path:
+    _, result = built_repo
+    dest = tmp_path / result.variant
+    shutil.copytree(result.variant_dir, dest)
+    return dest
+
+
+def failures(variant: Path) -> dict[str, str]:
+    return {r.name: r.detail for r in check_variant(variant) if not r.ok}
+
+
+def test_check_names_a_tampered_file(variant_copy):
+    with open(variant_copy / "__init__.py", "a") as f:
+        f.write("# tampered\n")
+    failed = failures(variant_copy)
+    assert list(failed) == ["digest"]
+    assert "__init__.py" in failed["digest"]
+
+
+def test_check_finds_a_declared_arch_without_sass(variant_copy):
+    path = variant_copy / "metadata.json"
+    metadata = json.loads(path.read_text())
+    metadata["backend"]["archs"] = ["8.0", "9.0a", "12.0+PTX"]
+    path.write_text(json.dumps(metadata))
+    failed = failures(variant_copy)
+    assert list(failed) == ["SASS"]
+    assert "no sm_90a SASS for 9.0a" in failed["SASS"]
+    assert "no compute_120 PTX for 12.0+PTX" in failed["SASS"]
+
+
+def test_check_finds_an_inconsistent_op_namespace(variant_copy):
+    so = next(variant_copy.glob("*.so"))
+    so.rename(variant_copy / "_tiny_add_cuda_0000000.abi3.so")
+    failed = failures(variant_copy)
+    assert "op namespace" in failed
+    assert "expected" in failed["op namespace"]
+
+
+def test_check_finds_missing_files(variant_copy):
+    (variant_copy / "_ops.py").unlink()
+    failed = failures(variant_copy)
+    assert "missing _ops.py" in failed["layout"]
+
+
+def test_check_reports_manylinux_violations(variant_copy, tmp_path):
+    # A library calling dlsym without kernelpress's compat shim binds to GLIBC_2.34 on this toolchain.
+    src = tmp_path / "leak.c"
+    src.write_text('#include <dlfcn.h>\nvoid* f(void) { return dlsym(RTLD_DEFAULT, "x"); }\n')
+    so = next(variant_copy.glob("*.so"))
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(src), "-ldl"], check=True)
+    failed = failures(variant_copy)
+    manylinux = [detail for name, detail in failed.items() if name.startswith("manylinux_2_28")]
+    assert manylinux and "dlsym" in manylinux[0]
+
+
+def test_check_cli_exit_code_and_report(variant_copy):
+    (variant_copy / "_ops.py").write_text("tampered = True\n")
+    out = subprocess.run([sys.executable, "-m", "kernelpress", "check", str(variant_copy)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "FAIL  digest" in out.stdout and "FAIL  op namespace" in out.stdout
+
+
+def test_config_errors_name_the_problem(tmp_path):
+    repo = make_repo(tmp_path / "tiny-kernel", use_git=False)
+    toml = repo / "build.toml"
+    original = toml.read_text()
+    toml.write_text(original.replace('license = "MIT"', 'license = "MIT"\nflavour = "x"'))
+    with pytest.raises(ConfigError, match="flavour"):
+        load_config(repo)
+    toml.write_text(original.replace("csrc/add_one.cu", "csrc/missing.cu"))
+    with pytest.raises(ConfigError, match="csrc/missing.cu"):
+        load_config(repo)
+    toml.write_text(original.replace('stable-abi = "2.10"', 'stable-abi = "2.99"'))
+    with pytest.raises(ConfigError, match="2.99"):
+        build(repo, out=io.StringIO())
+    with pytest.raises(ConfigError, match="no build.toml"):
+        load_config(tmp_path)
+
+
+def test_compile_error_is_reported(tmp_path):
+    repo = make_repo(tmp_path / "tiny-kernel", use_git=False)
+    source = repo / "csrc" / "add_one.cu"
+    source.write_text(source.read_text() + "\nthis is not C++;\n")
+    with pytest.raises(BuildError, match="add_one.cu"):
+        quiet_build(repo)
+    out = subprocess.run([sys.executable, "-m", "kernelpress", "build", str(repo)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 1 and "kernelpress: error:" in out.stderr
