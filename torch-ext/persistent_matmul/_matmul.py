@@ -27,16 +27,23 @@ def _choose_rung(kernel: str, dtype: torch.dtype, device: torch.device) -> Rung:
 
 
 def _check_kernel_name(kernel) -> None:
-    if not isinstance(kernel, str) or (kernel != "auto" and kernel not in RUNGS):
-        choices = ", ".join(["auto", *RUNGS])
+    choices = ", ".join(["auto", *RUNGS])
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel must be a str (one of: {choices}), got {type(kernel).__name__}")
+    if kernel != "auto" and kernel not in RUNGS:
         raise ValueError(f"unknown kernel {kernel!r}; choose one of: {choices}")
 
 
 def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
-         kernel: str) -> torch.Tensor:
-    """a (M x K) @ b (K x N) (+ bias) into out, after the per-argument checks."""
+         kernel: str, names: tuple[str, str] = ("a", "b")) -> torch.Tensor:
+    """a (M x K) @ b (K x N) (+ bias) into out, after the per-argument checks.
+
+    ``names`` are the caller's names for a and b, used in error messages.
+    """
     _check_kernel_name(kernel)
-    named = {"a": a, "b": b} if bias is None else {"a": a, "b": b, "bias": bias}
+    named = {names[0]: a, names[1]: b}
+    if bias is not None:
+        named["bias"] = bias
     dtype = check_same_dtype(named)
     m, n = a.shape[0], b.shape[1]
     if out is not None:
@@ -98,5 +105,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None and bias.numel() > 1 and bias.stride(0) != 1:
         bias = bias.contiguous()
     x2d = x.reshape(-1, x.shape[-1])
-    out = _run(x2d, weight.t(), bias, None, kernel)
+    out = _run(x2d, weight.t(), bias, None, kernel, names=("x", "weight"))
     return out.reshape(*x.shape[:-1], weight.shape[0])

@@ -54,6 +54,8 @@ class KernelAvailability:
 def _capability_problem(rung: Rung, device: torch.device) -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device is present (torch.cuda.is_available() is False)"
+    if device.type != "cuda":
+        return f"{device} is not a CUDA device"
     capability = torch.cuda.get_device_capability(device)
     name = torch.cuda.get_device_name(device)
     if rung.exact_capability is not None and capability != rung.exact_capability:

@@ -58,7 +58,13 @@ def overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
 
 
 def has_internal_overlap(t: torch.Tensor) -> bool:
-    """Whether two elements of t share an address (e.g. an expanded tensor)."""
+    """Whether two elements of t may share an address (e.g. an expanded tensor).
+
+    Conservative: a layout whose dims interleave without colliding (rare, only
+    from as_strided) also counts as overlapping and is rejected as an ``out``.
+    """
+    if t.numel() == 0:
+        return False
     dims = sorted((abs(st), sz) for sz, st in zip(t.shape, t.stride()) if sz > 1)
     reach = 0  # largest offset reachable with the dims seen so far
     for stride, size in dims:
