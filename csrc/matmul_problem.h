@@ -24,9 +24,28 @@ struct MatmulProblem {
   const void* bias = nullptr;  // n elements, contiguous; nullptr for none
   void* out = nullptr;
   int64_t out_stride_m = 0, out_stride_n = 0;
+  // Instrumented launches only: one TileRecord per output tile (see
+  // tensor_core_tile.cuh), nullptr for the normal path.
+  void* timeline = nullptr;
 };
 
-// Rung 1: one thread per output element. Returns the launch error, if any.
+// How the tensor-core rungs cut a problem into output tiles on this device.
+struct TileConfig {
+  int64_t block_m = 0, block_n = 0, block_k = 0;
+  int64_t tiles = 0;            // output tiles = CTAs of `tiled`
+  int64_t persistent_ctas = 0;  // CTAs of `persistent`: what fills the device once
+};
+
+// Each launcher returns the launch error, if any.
+// Rung 1: one thread per output element.
 cudaError_t launch_naive(const MatmulProblem& problem, cudaStream_t stream);
+// Rung 3: tensor cores (mma.sync), one CTA per output tile. bf16/fp16 only;
+// A K-contiguous, B K- or N-contiguous, leading dims multiples of 8 elements,
+// 16-byte-aligned bases (tensor_core_operands_ok says whether they are).
+cudaError_t launch_tiled(const MatmulProblem& problem, cudaStream_t stream);
+// Rung 4: the same tile code, one wave of CTAs that loop over the tiles.
+cudaError_t launch_persistent(const MatmulProblem& problem, cudaStream_t stream);
+bool tensor_core_operands_ok(const MatmulProblem& problem);
+TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device);
 
 }  // namespace persistent_matmul

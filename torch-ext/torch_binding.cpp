@@ -77,31 +77,86 @@ MatmulProblem describe(const Tensor& a, const Tensor& b, const std::optional<Ten
 
 using Launcher = cudaError_t (*)(const MatmulProblem&, cudaStream_t);
 
-void run(Launcher launch, const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias,
-         const Tensor& out) {
-  const MatmulProblem problem = describe(a, b, bias, out);
-  torch::stable::accelerator::DeviceGuard guard(a.get_device_index());
+// Checks the operands of a tensor-core rung and attaches the timeline buffer.
+void prepare_tensor_core(MatmulProblem& problem, const Tensor& a, const std::optional<Tensor>& timeline) {
+  STD_TORCH_CHECK(problem.dtype != ElementType::kFloat32,
+                  "persistent_matmul: the tensor-core rungs take float16 and bfloat16, not float32");
+  STD_TORCH_CHECK(persistent_matmul::tensor_core_operands_ok(problem),
+                  "persistent_matmul: operand layout not taken by the tensor-core rungs (A needs K "
+                  "contiguous, B K or N contiguous, leading dims multiples of 8, 16-byte aligned data); "
+                  "persistent_matmul.matmul copies such operands first");
+  if (!timeline.has_value()) return;
+  const Tensor& t = *timeline;
+  check_cuda_on(t, "timeline", a.get_device_index());
+  const auto cfg = persistent_matmul::tensor_core_tile_config(problem.m, problem.n, a.get_device_index());
+  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Long && t.dim() == 2 && t.size(0) == cfg.tiles &&
+                      t.size(1) == 6 && t.stride(0) == 6 && t.stride(1) == 1,
+                  "persistent_matmul: timeline must be a contiguous int64 tensor of shape [", cfg.tiles, ", 6]");
+  problem.timeline = t.data_ptr();
+}
+
+void launch_on_stream(Launcher launch, const MatmulProblem& problem, int32_t device) {
+  torch::stable::accelerator::DeviceGuard guard(device);
   void* stream = nullptr;
-  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(a.get_device_index(), &stream) ==
-                      AOTI_TORCH_SUCCESS,
+  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
                   "persistent_matmul: could not get the current CUDA stream");
   const cudaError_t err = launch(problem, static_cast<cudaStream_t>(stream));
-  STD_TORCH_CHECK(err == cudaSuccess, "persistent_matmul: kernel launch failed: ",
-                  cudaGetErrorString(err));
+  STD_TORCH_CHECK(err == cudaSuccess, "persistent_matmul: kernel launch failed: ", cudaGetErrorString(err));
+}
+
+void run(Launcher launch, const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias,
+         const Tensor& out) {
+  launch_on_stream(launch, describe(a, b, bias, out), a.get_device_index());
+}
+
+void run_tensor_core(Launcher launch, const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias,
+                     const Tensor& out, const std::optional<Tensor>& timeline) {
+  MatmulProblem problem = describe(a, b, bias, out);
+  prepare_tensor_core(problem, a, timeline);
+  launch_on_stream(launch, problem, a.get_device_index());
 }
 
 }  // namespace
 
-void naive_matmul(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out) {
+void naive_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out) {
   run(persistent_matmul::launch_naive, a, b, bias, out);
+}
+
+void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
+                  const std::optional<Tensor>& timeline) {
+  run_tensor_core(persistent_matmul::launch_tiled, a, b, bias, out, timeline);
+}
+
+void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
+                       const std::optional<Tensor>& timeline) {
+  run_tensor_core(persistent_matmul::launch_persistent, a, b, bias, out, timeline);
+}
+
+std::vector<int64_t> tile_config(int64_t m, int64_t n, int64_t device) {
+  STD_TORCH_CHECK(m >= 0 && n >= 0, "persistent_matmul: tile_config needs m, n >= 0");
+  int devices = 0;
+  STD_TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices,
+                  "persistent_matmul: tile_config needs a CUDA device; cuda:", device, " is not present");
+  const auto cfg = persistent_matmul::tensor_core_tile_config(m, n, static_cast<int>(device));
+  return {cfg.block_m, cfg.block_n, cfg.block_k, cfg.tiles, cfg.persistent_ctas};
 }
 
 STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("naive(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out) -> ()");
+  ops.def("tiled(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
+  ops.def("persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
+  ops.def("tile_config(int m, int n, int device) -> int[]");
 }
 
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
-  ops.impl("naive", TORCH_BOX(&naive_matmul));
+  ops.impl("naive", TORCH_BOX(&naive_op));
+  ops.impl("tiled", TORCH_BOX(&tiled_op));
+  ops.impl("persistent", TORCH_BOX(&persistent_op));
+}
+
+// tile_config takes no tensor, so it is registered for every dispatch key.
+STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CompositeExplicitAutograd, ops) {
+  ops.impl("tile_config", TORCH_BOX(&tile_config));
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

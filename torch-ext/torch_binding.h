@@ -8,5 +8,19 @@
 
 #include <torch/csrc/stable/tensor.h>
 
-void naive_matmul(const torch::stable::Tensor& a, const torch::stable::Tensor& b,
-                  const std::optional<torch::stable::Tensor>& bias, torch::stable::Tensor& out);
+#include <vector>
+
+using torch::stable::Tensor;
+
+void naive_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out);
+
+// Tensor-core rungs. `timeline`, when given, is an int64 [tiles, 6] tensor
+// that the instrumented kernel fills with one row per output tile:
+// (tile_m, tile_n, sm id, CTA index, start ns, end ns) from %globaltimer.
+void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
+                  const std::optional<Tensor>& timeline);
+void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
+                       const std::optional<Tensor>& timeline);
+
+// [block_m, block_n, block_k, tiles, persistent CTAs] for an m x n output on `device`.
+std::vector<int64_t> tile_config(int64_t m, int64_t n, int64_t device);

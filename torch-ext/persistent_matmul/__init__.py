@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import layers
-from ._matmul import linear, matmul
+from ._matmul import TIMELINE_COLUMNS, linear, matmul, matmul_timeline, tile_config
 from ._rungs import RUNGS, KernelAvailability, availability
 
 KERNELS = tuple(RUNGS)
@@ -27,4 +27,14 @@ def available_kernels(device: torch.device | int | None = None) -> dict[str, Ker
     return {name: availability(name, device) for name in RUNGS}
 
 
-__all__ = ["KERNELS", "KernelAvailability", "available_kernels", "layers", "linear", "matmul"]
+__all__ = [
+    "KERNELS",
+    "KernelAvailability",
+    "TIMELINE_COLUMNS",
+    "available_kernels",
+    "layers",
+    "linear",
+    "matmul",
+    "matmul_timeline",
+    "tile_config",
+]

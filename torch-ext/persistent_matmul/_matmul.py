@@ -34,8 +34,42 @@ def _check_kernel_name(kernel) -> None:
         raise ValueError(f"unknown kernel {kernel!r}; choose one of: {choices}")
 
 
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
+def _padded_copy(t: torch.Tensor, contiguous_dim: int) -> torch.Tensor:
+    """A copy of 2-D t, contiguous along contiguous_dim, with the other stride
+    rounded up to a multiple of 8 elements (16 bytes)."""
+    rows, cols = (t.shape[0], t.shape[1]) if contiguous_dim == 1 else (t.shape[1], t.shape[0])
+    padded = -(-cols // 8) * 8
+    buffer = torch.empty((rows, max(padded, 8)), dtype=t.dtype, device=t.device)[:, :cols]
+    buffer.copy_(t if contiguous_dim == 1 else t.t())
+    return buffer if contiguous_dim == 1 else buffer.t()
+
+
+def tensor_core_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a and b as the tensor-core rungs read them, copying only what they can't.
+
+    A must be K-contiguous, B K- or N-contiguous, with leading dims that are
+    multiples of 8 elements and 16-byte aligned data (see
+    csrc/tensor_core_launch.cuh, which checks the same conditions). A
+    transposed A, a leading dimension like 4097, or an odd offset gets a padded
+    copy, so every shape takes the fast path.
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    if not (_aligned(a) and (a.stride(1) == 1 or k == 1) and (m == 1 or a.stride(0) % 8 == 0)):
+        a = _padded_copy(a, contiguous_dim=1)
+    k_major = (b.stride(0) == 1 or k == 1) and (n == 1 or b.stride(1) % 8 == 0)
+    n_major = (b.stride(1) == 1 or n == 1) and (k == 1 or b.stride(0) % 8 == 0)
+    if not (_aligned(b) and (k_major or n_major)):
+        b = _padded_copy(b, contiguous_dim=0 if b.stride(0) == 1 else 1)
+    return a, b
+
+
 def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
-         kernel: str, names: tuple[str, str] = ("a", "b")) -> torch.Tensor:
+         kernel: str, names: tuple[str, str] = ("a", "b"), timeline: torch.Tensor | None = None) -> torch.Tensor:
     """a (M x K) @ b (K x N) (+ bias) into out, after the per-argument checks.
 
     ``names`` are the caller's names for a and b, used in error messages.
@@ -47,9 +81,8 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
     dtype = check_same_dtype(named)
     m, n = a.shape[0], b.shape[1]
     if out is not None:
-        check_out(out, (m, n), dtype, a.device, named)
-        named["out"] = out
-    device = check_cuda(named)
+        check_out(out, (m, n), dtype, named)
+    device = check_cuda(named if out is None else {**named, "out": out})
     rung = _choose_rung(kernel, dtype, device)
     if out is None:
         out = torch.empty((m, n), dtype=dtype, device=device)
@@ -60,7 +93,11 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
         if bias is not None:
             out.add_(bias)
         return out
-    getattr(ops, rung.op_name)(a, b, bias, out)
+    if rung.tensor_core:
+        a, b = tensor_core_operands(a, b)
+        getattr(ops, rung.op_name)(a, b, bias, out, timeline)
+    else:
+        getattr(ops, rung.op_name)(a, b, bias, out)
     return out
 
 
@@ -104,6 +141,55 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         )
     if bias is not None and bias.numel() > 1 and bias.stride(0) != 1:
         bias = bias.contiguous()
-    x2d = x.reshape(-1, x.shape[-1])
+    rows = 1
+    for size in x.shape[:-1]:
+        rows *= size
+    x2d = x.reshape(rows, x.shape[-1])  # not reshape(-1, k): that fails for k == 0
     out = _run(x2d, weight.t(), bias, None, kernel, names=("x", "weight"))
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def tile_config(m: int, n: int, device: torch.device | int | None = None) -> dict[str, int]:
+    """How the tensor-core rungs tile an m x n output on ``device``: block
+    sizes, the number of output tiles (= CTAs of ``tiled``) and the CTAs
+    ``persistent`` launches (what fills the device once)."""
+    if device is None:
+        index = torch.cuda.current_device()
+    elif isinstance(device, int):
+        index = device
+    else:
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+    block_m, block_n, block_k, tiles, ctas = ops.tile_config(int(m), int(n), int(index))
+    return {"block_m": block_m, "block_n": block_n, "block_k": block_k, "tiles": tiles, "persistent_ctas": ctas}
+
+
+TIMELINE_COLUMNS = ("tile_m", "tile_n", "sm", "cta", "start_ns", "end_ns")
+
+
+def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persistent"
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a @ b`` through the instrumented build of a tensor-core rung.
+
+    Returns (out, timeline): timeline is int64 [tiles, 6], one row per output
+    tile with the columns of TIMELINE_COLUMNS, read from %smid and
+    %globaltimer on the GPU. The normal (uninstrumented) kernels pay nothing
+    for this.
+    """
+    check_tensor(a, "a", 2)
+    check_tensor(b, "b", 2)
+    _check_kernel_name(kernel)
+    if kernel not in RUNGS or not RUNGS[kernel].tensor_core:
+        names = ", ".join(n for n, r in RUNGS.items() if r.tensor_core)
+        raise ValueError(f"kernel {kernel!r} has no instrumented build; choose one of: {names}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(
+            f"inner dimensions differ: a is {a.shape[0]}x{a.shape[1]} and b is {b.shape[0]}x{b.shape[1]}"
+        )
+    if min(a.shape[0], a.shape[1], b.shape[1]) == 0:
+        raise ValueError(f"matmul_timeline needs M, N and K >= 1, got a {tuple(a.shape)} and b {tuple(b.shape)}")
+    device = check_cuda({"a": a, "b": b})
+    tiles = tile_config(a.shape[0], b.shape[1], device)["tiles"]
+    timeline = torch.full((tiles, len(TIMELINE_COLUMNS)), -1, dtype=torch.int64, device=device)
+    out = _run(a, b, None, None, kernel, timeline=timeline)
+    return out, timeline

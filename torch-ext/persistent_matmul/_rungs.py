@@ -19,9 +19,13 @@ class Rung:
     # Set for arch-specific code (sm_90a): runs on exactly this capability.
     exact_capability: tuple[int, int] | None
     summary: str
+    # Tensor-core rungs read operands in a restricted layout (the caller copies
+    # others first) and have an instrumented build that records a timeline.
+    tensor_core: bool = False
 
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 RUNGS: dict[str, Rung] = {
     rung.name: rung
@@ -34,11 +38,29 @@ RUNGS: dict[str, Rung] = {
             exact_capability=None,
             summary="one thread per output element, fp32 accumulate",
         ),
+        Rung(
+            name="tiled",
+            op_name="tiled",
+            dtypes=HALF_DTYPES,
+            min_capability=(8, 0),
+            exact_capability=None,
+            summary="tensor cores (mma.sync, ldmatrix, cp.async pipeline), one CTA per output tile",
+            tensor_core=True,
+        ),
+        Rung(
+            name="persistent",
+            op_name="persistent",
+            dtypes=HALF_DTYPES,
+            min_capability=(8, 0),
+            exact_capability=None,
+            summary="the tiled tile code, one wave of CTAs looping over tiles; next tile's loads overlap the epilogue",
+            tensor_core=True,
+        ),
     )
 }
 
 # Best first: `kernel="auto"` takes the first available rung that takes the dtype.
-AUTO_ORDER = ("naive",)
+AUTO_ORDER = ("persistent", "tiled", "naive")
 
 
 @dataclass(frozen=True)

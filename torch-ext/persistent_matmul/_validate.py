@@ -74,15 +74,14 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     return False
 
 
-def check_out(out, shape: tuple[int, int], dtype: torch.dtype, device: torch.device, inputs: dict) -> None:
+def check_out(out, shape: tuple[int, int], dtype: torch.dtype, inputs: dict) -> None:
+    """out's shape, dtype and memory; its device is checked with the inputs' by check_cuda."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
     if tuple(out.shape) != shape:
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
     if out.dtype != dtype:
         raise TypeError(f"out has dtype {out.dtype}, expected {dtype} (the dtype of the inputs)")
-    if out.device != device:
-        raise ValueError(f"out is on {out.device}, but the inputs are on {device}")
     if has_internal_overlap(out):
         raise ValueError(f"out has overlapping elements (strides {tuple(out.stride())}); it cannot be written")
     for name, t in inputs.items():

@@ -1,0 +1,94 @@
+// Host side shared by rungs `tiled` and `persistent`: the tile shapes, the
+// choice between them, operand layout checks and the dispatch over dtype,
+// tile shape and B layout.
+#pragma once
+
+#include <type_traits>
+
+#include "tensor_core_tile.cuh"
+
+namespace persistent_matmul {
+namespace tc {
+
+// 8 warps of 64x32 for large problems; 4 warps of 32x32 when large tiles
+// would leave SMs idle. Four stages: 64 KB and 32 KB of shared memory, so 2
+// and 4 CTAs fit on an SM of any arch from sm_80 on (>= 100 KB).
+using LargeTile = TileShape<128, 128, 2, 4, 4, 2>;
+using SmallTile = TileShape<64, 64, 2, 2, 4, 3>;
+
+inline int sm_count(int device) {
+  static int cache[128] = {};
+  if (device < 0 || device >= 128) return 1;
+  if (cache[device] == 0) cudaDeviceGetAttribute(&cache[device], cudaDevAttrMultiProcessorCount, device);
+  return cache[device];
+}
+
+inline bool use_large_tile(int64_t m, int64_t n, int sms) {
+  return ceil_div(m, LargeTile::BM) * ceil_div(n, LargeTile::BN) >= sms;
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// How B is stored, if the tile can read it directly: K-major (column n's K
+// values contiguous, as nn.Linear's weight) or N-major (a row-major b). With
+// K == 1 or N == 1 the stride of that dim is irrelevant.
+enum class BLayout { kKMajor, kNMajor, kUnsupported };
+
+inline BLayout b_layout(const MatmulProblem& p) {
+  if (!aligned16(p.b)) return BLayout::kUnsupported;
+  if ((p.b_stride_k == 1 || p.k == 1) && (p.n == 1 || p.b_stride_n % 8 == 0)) return BLayout::kKMajor;
+  if ((p.b_stride_n == 1 || p.n == 1) && (p.k == 1 || p.b_stride_k % 8 == 0)) return BLayout::kNMajor;
+  return BLayout::kUnsupported;
+}
+
+// A must be K-contiguous with a leading dim that keeps rows 16-byte aligned.
+inline bool a_ok(const MatmulProblem& p) {
+  return aligned16(p.a) && (p.a_stride_k == 1 || p.k == 1) && (p.m == 1 || p.a_stride_m % 8 == 0);
+}
+
+inline bool operands_ok(const MatmulProblem& p) {
+  return p.dtype != ElementType::kFloat32 && a_ok(p) && b_layout(p) != BLayout::kUnsupported;
+}
+
+inline TileOperands operands_of(const MatmulProblem& p, bool b_kmajor) {
+  TileOperands op;
+  op.a = static_cast<const char*>(p.a);
+  op.lda = p.m == 1 ? 0 : p.a_stride_m;
+  op.b = static_cast<const char*>(p.b);
+  op.ldb = b_kmajor ? (p.n == 1 ? 0 : p.b_stride_n) : (p.k == 1 ? 0 : p.b_stride_k);
+  op.m = p.m;
+  op.n = p.n;
+  op.k = p.k;
+  return op;
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls launch(TypeTag<T>, Shape, std::bool_constant<B_KMAJOR>) for the problem.
+template <typename Launch>
+cudaError_t dispatch(const MatmulProblem& p, int device, Launch&& launch) {
+  if (!operands_ok(p)) return cudaErrorInvalidValue;
+  const bool kmajor = b_layout(p) == BLayout::kKMajor;
+  const bool large = use_large_tile(p.m, p.n, sm_count(device));
+  auto by_layout = [&](auto type, auto shape) {
+    return kmajor ? launch(type, shape, std::true_type{}) : launch(type, shape, std::false_type{});
+  };
+  auto by_shape = [&](auto type) { return large ? by_layout(type, LargeTile{}) : by_layout(type, SmallTile{}); };
+  return p.dtype == ElementType::kBFloat16 ? by_shape(TypeTag<__nv_bfloat16>{}) : by_shape(TypeTag<__half>{});
+}
+
+// Lets a kernel use more than 48 KB of dynamic shared memory (once per kernel and device).
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, int bytes, int device) {
+  static bool done[128] = {};
+  if (device >= 0 && device < 128 && done[device]) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess && device >= 0 && device < 128) done[device] = true;
+  return err;
+}
+
+}  // namespace tc
+}  // namespace persistent_matmul

@@ -1,0 +1,174 @@
+"""Benchmark every kernel rung against torch.matmul on this GPU, in one run.
+
+Follows DESIGN.md §7: CUDA events around batches of back-to-back launches
+(so small shapes measure launch overhead as such), warm-up first, the median
+of several batches, input sets rotated so they exceed the L2 cache, random
+normal inputs. Every figure is reported as TFLOP/s and as a ratio to
+torch.matmul measured in the same run, with the GPU, clocks, power,
+torch/CUDA versions and commit in the header. Each rung's output is also
+compared with torch.matmul's once (relative error), so a fast wrong kernel
+cannot pass unnoticed.
+
+    python scripts/benchmark_table.py [--out DIR] [--shapes 4096x4096x4096 ...] [--rungs persistent tiled]
+
+Writes <date>-benchmark.md and .json to --out (default benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from matmul_checks import environment, environment_lines, gpu_clocks, load_kernel  # noqa: E402
+
+SHAPES = [
+    (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+    (4096, 11008, 4096), (4096, 4096, 11008), (8192, 8192, 1024), (3000, 3000, 3000),
+    (4097, 4097, 4097), (128, 4096, 4096), (16, 4096, 4096),
+]
+L2_ROTATION_BYTES = 3 * 60 * 2**20  # input sets together exceed the H200's 60 MB L2 three times
+NAIVE_MAX_FLOP = 4.0e11  # the naive rung runs ~5 TFLOP/s: skip shapes that would take seconds
+
+
+def time_per_call(fn, calls_per_batch: int, batches: int) -> float:
+    """Median seconds per call over `batches` batches of back-to-back calls."""
+    fn(0)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(batches):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(calls_per_batch):
+            fn(i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls_per_batch)
+    return statistics.median(times)
+
+
+def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str], tf32: bool) -> dict:
+    flop = 2.0 * m * n * k
+    set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
+    sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
+    inputs = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
+              for _ in range(sets)]
+    out = torch.empty(m, n, device="cuda", dtype=dtype)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    reference = torch.matmul(inputs[0][0].float(), inputs[0][1].float())
+
+    def runner(name):
+        if name == "torch.matmul":
+            return lambda i: torch.matmul(*inputs[i % sets], out=out)
+        return lambda i: pm.matmul(*inputs[i % sets], kernel=name, out=out)
+
+    row = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "input_sets": sets, "results": {}}
+    for name in ["torch.matmul", *rungs]:
+        if name == "naive" and flop > NAIVE_MAX_FLOP:
+            row["results"][name] = {"skipped": f"over {NAIVE_MAX_FLOP:.0e} FLOP"}
+            continue
+        fn = runner(name)
+        fn(0)
+        torch.cuda.synchronize()
+        err = (out.float() - reference).norm().item() / max(reference.norm().item(), 1e-30)
+        # Batches of >= ~2 ms, at least 7 of them.
+        probe = time_per_call(fn, 1, 1)
+        calls = max(1, min(200, int(2e-3 / max(probe, 1e-7))))
+        seconds = time_per_call(fn, calls, 7 if probe < 0.05 else 3)
+        row["results"][name] = {"ms": seconds * 1e3, "tflops": flop / seconds / 1e12, "rel_error": err}
+    base = row["results"]["torch.matmul"]["tflops"]
+    for res in row["results"].values():
+        if "tflops" in res:
+            res["ratio"] = res["tflops"] / base
+    del inputs
+    torch.cuda.empty_cache()
+    return row
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    m, n, k = (int(x) for x in text.lower().split("x"))
+    return m, n, k
+
+
+def markdown(env: dict, rows: list[dict], columns: list[str]) -> str:
+    lines = [*environment_lines(env), ""]
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        sub = [r for r in rows if r["dtype"] == dtype]
+        lines += [f"### {dtype}" + (" (torch.matmul with TF32 off)" if dtype == "float32" else ""), ""]
+        header = "| M x N x K | torch.matmul TFLOP/s | " + " | ".join(f"{c} TFLOP/s (ratio)" for c in columns)
+        if "persistent" in columns and "tiled" in columns:
+            header += " | persistent / tiled"
+        lines += [header + " |", "|" + "---|" * (header.count("|") - 0)]
+        for r in sub:
+            res = r["results"]
+            cells = [f"{r['m']}x{r['n']}x{r['k']}", f"{res['torch.matmul']['tflops']:.1f}"]
+            for c in columns:
+                x = res.get(c)
+                if x is None:
+                    cells.append("n/a")
+                elif "skipped" in x:
+                    cells.append("skipped")
+                else:
+                    flag = "" if x["rel_error"] < 2e-2 else " **WRONG**"
+                    cells.append(f"{x['tflops']:.1f} ({x['ratio']:.2f}x){flag}")
+            if "persistent" in columns and "tiled" in columns:
+                p, t = res.get("persistent", {}), res.get("tiled", {})
+                cells.append(f"{p['tflops'] / t['tflops']:.2f}x" if "tflops" in p and "tflops" in t else "n/a")
+            lines.append("| " + " | ".join(cells) + " |")
+        for c in columns:
+            ratios = [r["results"][c]["ratio"] for r in sub if "ratio" in r["results"].get(c, {})]
+            if ratios:
+                lines.append(f"\ngeomean ratio to torch.matmul, {c}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}"
+                             f" over {len(ratios)} shapes")
+        if "persistent" in columns and "tiled" in columns:
+            speedups = [r["results"]["persistent"]["tflops"] / r["results"]["tiled"]["tflops"] for r in sub
+                        if "tflops" in r["results"].get("persistent", {}) and "tflops" in r["results"].get("tiled", {})]
+            if speedups:
+                lines.append(f"geomean persistent / tiled: {math.exp(sum(map(math.log, speedups)) / len(speedups)):.3f}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--shapes", nargs="*", type=parse_shape, default=SHAPES)
+    parser.add_argument("--rungs", nargs="*", default=None, help="default: every available rung")
+    parser.add_argument("--dtypes", nargs="*", default=["bfloat16", "float32"])
+    parser.add_argument("--tag", default="benchmark")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmark_table.py needs a CUDA GPU; none is present here.", file=sys.stderr)
+        return 2
+    pm, how = load_kernel()
+    available = {n: a for n, a in pm.available_kernels().items() if a.available}
+    env = environment(pm, how)
+    rows = []
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        rungs = [n for n in (args.rungs or available) if n in available and dtype in available[n].dtypes]
+        for m, n, k in args.shapes:
+            row = bench_shape(pm, m, n, k, dtype, rungs, tf32=False)
+            rows.append(row)
+            print(json.dumps({k_: v for k_, v in row.items() if k_ != "results"}),
+                  {name: round(r.get("tflops", 0), 1) for name, r in row["results"].items()}, flush=True)
+    env["clocks_at_end"] = gpu_clocks()
+    columns = [n for n in (args.rungs or available) if n in available]
+    text = markdown(env, rows, columns)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{datetime.date.today().isoformat()}-{args.tag}"
+    (args.out / f"{stem}.md").write_text(text + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

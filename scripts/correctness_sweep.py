@@ -1,0 +1,461 @@
+#!/usr/bin/env python3
+"""The acceptance correctness sweep of persistent_matmul, run on a CUDA GPU in one call.
+
+For each rung that runs on the GPU (or those named by --kernels), each dtype (bf16,
+fp16, fp32) and each shape M, N in SIZES x K in K_SIZES:
+
+* random normal operands, output poisoned with NaN, result compared with an fp64
+  product of the same rounded inputs by normwise relative error against the bound
+  of DESIGN.md section 7 (bf16 1e-2, fp16 2e-3, fp32 1e-4), the denominator kept
+  from cancelling to near zero by chance (matmul_checks.cancellation_floor);
+* all four operand layouts (a and/or b transposed, i.e. strided) where
+  M*N*K <= 2**31, only plain and both-transposed above that, to bound the run time;
+* bit-exact small-integer cases on a subset of shapes (every output must equal the
+  exact product).
+
+Prints progress, then a summary table at the END of stdout, and writes the full
+results (JSON) and the summary (Markdown) to --out, both with the GPU, clocks,
+versions, commit, kernel id and the random seed (--seed reproduces a run).
+
+Exit status: 0 all cases pass, 1 a case failed (or the time limit cut the sweep
+short), 2 the sweep could not run (no CUDA GPU, unknown or unavailable kernel).
+
+    python scripts/correctness_sweep.py                 # all available rungs
+    python scripts/correctness_sweep.py --kernels naive --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import secrets
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+import torch  # noqa: E402
+
+from matmul_checks import (  # noqa: E402
+    DTYPE_NAMES,
+    TOLERANCE,
+    check_exact,
+    environment,
+    environment_lines,
+    exact_int_operands,
+    gpu_clocks,
+    load_kernel,
+    matmul_error,
+    nan_count,
+    poison,
+    random_operands,
+)
+
+DEVICE = "cuda"
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+SIZES = [1, 7, 63, 64, 65, 127, 129, 1000, 4097]
+K_SIZES = [1, 8, 63, 65, 1000, 4104]
+EXACT_MN = [1, 65, 129, 1000]
+EXACT_K = [1, 65, 4104]
+# --quick: a smoke test of every code path in a few seconds.
+QUICK_SIZES = [1, 65, 129]
+QUICK_K_SIZES = [1, 65, 4104]
+QUICK_EXACT_MN = [1, 129]
+QUICK_EXACT_K = [1, 4104]
+
+ALL_LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]  # (a transposed, b transposed)
+LARGE_LAYOUTS = [(False, False), (True, True)]
+FULL_LAYOUT_LIMIT = 2**31  # M*N*K up to which all four layouts run
+
+# For the run-time estimate: the naive rung runs about 5 TFLOP/s on bf16 on the H200
+# (DESIGN.md section 7); each case also pays launches, the fp64 reference and syncs.
+ASSUMED_TFLOPS = 5.0
+ASSUMED_CASE_OVERHEAD_S = 0.003
+DEFAULT_BUDGET_S = 240.0
+
+
+@dataclass
+class Case:
+    """One checked product and its outcome."""
+
+    rung: str
+    dtype: str
+    kind: str  # "random" (normwise error) or "exact" (small integers, bit-exact)
+    m: int
+    n: int
+    k: int
+    a_transposed: bool
+    b_transposed: bool
+    bound: float | None = None  # the error bound (random cases)
+    rel_error: float | None = None
+    mismatches: int | None = None  # elements differing from the exact product (exact cases)
+    nan_count: int | None = None
+    passed: bool = False
+    status: str = "not run"  # "pass", "fail", "error: ...", "not run"
+    seconds: float | None = None
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    def label(self) -> str:
+        layout = f"{'aT' if self.a_transposed else 'a'}.{'bT' if self.b_transposed else 'b'}"
+        return f"{self.rung} {self.dtype} {self.kind} {self.m}x{self.n}x{self.k} {layout}"
+
+
+def layouts_for(m: int, n: int, k: int, full_limit: float) -> list[tuple[bool, bool]]:
+    return ALL_LAYOUTS if m * n * k <= full_limit else LARGE_LAYOUTS
+
+
+def plan(rungs: dict[str, tuple], quick: bool, full_limit: float) -> list[Case]:
+    """Every case of the sweep, in the order it runs (the order fixes the random inputs).
+
+    ``rungs`` maps each rung to the dtypes it takes; other dtypes are not run for it.
+    """
+    sizes, k_sizes = (QUICK_SIZES, QUICK_K_SIZES) if quick else (SIZES, K_SIZES)
+    exact_mn, exact_k = (QUICK_EXACT_MN, QUICK_EXACT_K) if quick else (EXACT_MN, EXACT_K)
+    cases = []
+    for rung, rung_dtypes in rungs.items():
+        for dtype in [d for d in DTYPES if d in rung_dtypes]:
+            name = DTYPE_NAMES[dtype]
+            for m in sizes:
+                for n in sizes:
+                    for k in k_sizes:
+                        for a_t, b_t in layouts_for(m, n, k, full_limit):
+                            cases.append(Case(rung, name, "random", m, n, k, a_t, b_t, bound=TOLERANCE[dtype]))
+            for m in exact_mn:
+                for n in exact_mn:
+                    for k in exact_k:
+                        for a_t, b_t in layouts_for(m, n, k, full_limit):
+                            cases.append(Case(rung, name, "exact", m, n, k, a_t, b_t))
+    return cases
+
+
+def estimate_seconds(cases: list[Case]) -> float:
+    return sum(c.flops for c in cases) / (ASSUMED_TFLOPS * 1e12) + len(cases) * ASSUMED_CASE_OVERHEAD_S
+
+
+def plan_within_budget(rungs: dict[str, tuple], quick: bool, budget_s: float) -> tuple[list[Case], float]:
+    """The plan, with the four-layout limit lowered (by 8x a step) until the estimate fits."""
+    full_limit = float(FULL_LAYOUT_LIMIT)
+    cases = plan(rungs, quick, full_limit)
+    while estimate_seconds(cases) > budget_s and full_limit >= 1:
+        full_limit /= 8
+        cases = plan(rungs, quick, full_limit)
+    return cases, full_limit
+
+
+DTYPE_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+
+
+def run_case(pm, case: Case, gen: torch.Generator) -> None:
+    """Run one case on the GPU and fill in its outcome."""
+    dtype = DTYPE_BY_NAME[case.dtype]
+    make = random_operands if case.kind == "random" else exact_int_operands
+    a, b = make(case.m, case.n, case.k, dtype, DEVICE, case.a_transposed, case.b_transposed, generator=gen)
+    out = poison(torch.empty(case.m, case.n, dtype=dtype, device=DEVICE))
+    result = pm.matmul(a, b, kernel=case.rung, out=out)
+    if result.data_ptr() != out.data_ptr():
+        raise RuntimeError("matmul(..., out=out) did not return out")
+    case.nan_count = nan_count(out)
+    if case.kind == "random":
+        case.rel_error = matmul_error(out, a, b)
+        case.passed = case.nan_count == 0 and case.rel_error < case.bound
+    else:
+        case.mismatches = check_exact(out, a, b)
+        case.passed = case.nan_count == 0 and case.mismatches == 0
+    case.status = "pass" if case.passed else "fail"
+
+
+def context_alive() -> bool:
+    """False once a CUDA error (e.g. an illegal address) has broken the context for good."""
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device=DEVICE).item()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def run_sweep(pm, cases: list[Case], gen: torch.Generator, time_limit_s: float | None) -> str | None:
+    """Run the cases in order, printing progress; returns why the sweep stopped early, if it did."""
+    start = time.monotonic()
+    failures_shown = 0
+    group, group_start = None, start
+    for index, case in enumerate(cases):
+        if (case.rung, case.dtype, case.kind) != group:
+            if group is not None:
+                print_group(cases, group, time.monotonic() - group_start)
+            group, group_start = (case.rung, case.dtype, case.kind), time.monotonic()
+        if time_limit_s is not None and time.monotonic() - start > time_limit_s:
+            return f"time limit of {time_limit_s:g} s reached after {index} of {len(cases)} cases"
+        t0 = time.monotonic()
+        try:
+            run_case(pm, case, gen)
+        except Exception as exc:  # noqa: BLE001 - record it and go on, unless CUDA is broken
+            case.passed, case.status = False, f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            if not context_alive():
+                print(f"  {case.label()}: {case.status}", flush=True)
+                return f"CUDA context broken by {case.label()}: {case.status}"
+        case.seconds = time.monotonic() - t0
+        if not case.passed and failures_shown < 20:
+            failures_shown += 1
+            print(f"  FAIL {case.label()}: {describe_outcome(case)}", flush=True)
+    print_group(cases, group, time.monotonic() - group_start)
+    return None
+
+
+def describe_outcome(case: Case) -> str:
+    if case.status.startswith("error"):
+        return case.status
+    if case.kind == "random":
+        return f"rel error {case.rel_error:.3g} (bound {case.bound:g}), {case.nan_count} NaN"
+    return f"{case.mismatches} of {case.m * case.n} elements differ, {case.nan_count} NaN"
+
+
+def print_group(cases: list[Case], group: tuple, seconds: float) -> None:
+    rung, dtype, kind = group
+    done = [c for c in cases if (c.rung, c.dtype, c.kind) == group and c.status != "not run"]
+    failed = sum(not c.passed for c in done)
+    extra = ""
+    if kind == "random" and done:
+        extra = f", max rel error {max_error(done):.3g}"
+    print(f"{rung:>10} {dtype} {kind:6}: {len(done)} cases, {failed} failed{extra} ({seconds:.1f} s)", flush=True)
+
+
+def max_error(cases: list[Case]) -> float:
+    errors = [c.rel_error if c.rel_error is not None else math.inf for c in cases]
+    return max(errors, default=0.0)
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def summarize(cases: list[Case]) -> list[dict]:
+    """One row per (rung, dtype)."""
+    rows = []
+    keys = sorted({(c.rung, c.dtype) for c in cases}, key=lambda rd: (rd[0], list(DTYPE_BY_NAME).index(rd[1])))
+    for rung, dtype in keys:
+        mine = [c for c in cases if (c.rung, c.dtype) == (rung, dtype)]
+        rand = [c for c in mine if c.kind == "random" and c.status != "not run"]
+        exact = [c for c in mine if c.kind == "exact" and c.status != "not run"]
+        bound = TOLERANCE[DTYPE_BY_NAME[dtype]]
+        worst = max(rand, key=lambda c: c.rel_error if c.rel_error is not None else math.inf, default=None)
+        rows.append({
+            "rung": rung,
+            "dtype": dtype,
+            "random_cases": len(rand),
+            "random_failures": sum(not c.passed for c in rand),
+            "max_rel_error": max_error(rand) if rand else None,
+            "bound": bound,
+            "max_error_over_bound": max_error(rand) / bound if rand else None,
+            "worst_case": worst.label() if worst else None,
+            "exact_cases": len(exact),
+            "exact_failures": sum(not c.passed for c in exact),
+            "exact_mismatched_elements": sum(c.mismatches or 0 for c in exact),
+            "outputs_with_nan": sum(1 for c in rand + exact if c.nan_count),
+            "not_run": sum(c.status == "not run" for c in mine),
+        })
+    return rows
+
+
+def fmt(value, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+SUMMARY_HEADER = ("| rung | dtype | random cases | failed | max rel error | bound | max err/bound "
+                  "| exact cases | exact failed | mismatched elements | outputs with NaN | not run |")
+
+
+def summary_table(rows: list[dict]) -> list[str]:
+    lines = [SUMMARY_HEADER, "|" + "---|" * SUMMARY_HEADER.count(" | ") + "---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['rung']} | {r['dtype']} | {r['random_cases']} | {r['random_failures']} | "
+            f"{fmt(r['max_rel_error'])} | {r['bound']:g} | {fmt(r['max_error_over_bound'], '.3f')} | "
+            f"{r['exact_cases']} | {r['exact_failures']} | {r['exact_mismatched_elements']} | "
+            f"{r['outputs_with_nan']} | {r['not_run']} |"
+        )
+    return lines
+
+
+def json_safe(value):
+    """inf / NaN as strings: JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def report_json(report: dict, cases: list[Case]) -> str:
+    """The report as JSON, the cases as a table: ``result_columns`` names the fields
+    and ``results`` holds one row (a list) per case, one per line."""
+    columns = [f.name for f in fields(Case)]
+    head = json.dumps(json_safe(report), indent=1)
+    def short(value):  # 4 significant digits are plenty for errors and seconds
+        return float(f"{value:.4g}") if isinstance(value, float) and math.isfinite(value) else value
+
+    rows = ",\n  ".join(json.dumps(json_safe([short(getattr(c, name)) for name in columns])) for c in cases)
+    return (head[:-2] + f',\n "result_columns": {json.dumps(columns)},\n "results": [\n  {rows}\n ]\n}}\n')
+
+
+def write_reports(out_dir: Path, stem: str, report: dict, rows: list[dict], cases: list[Case]) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{stem}.json"
+    md_path = out_dir / f"{stem}.md"
+    json_path.write_text(report_json(report, cases))
+
+    env = report["environment"]
+    failed = [c for c in cases if not c.passed and c.status != "not run"]
+    lines = [
+        f"# Correctness sweep: {', '.join(report['rungs'])}{' (quick)' if report['quick'] else ''}",
+        "",
+        *environment_lines(env),
+        f"- Clocks at the end: {report['clocks_end'] or 'unavailable'}",
+        f"- Seed: {report['seed']} (reproduce: `{report['reproduce']}`)",
+        f"- Cases: {report['cases']} in {report['wall_seconds']:.1f} s "
+        f"(estimated {report['estimated_seconds']:.0f} s); all four layouts where M*N*K <= "
+        f"{report['full_layout_limit']:.4g}, plain and both-transposed above",
+        f"- Result: **{report['verdict']}**" + (f" ({report['stopped_early']})" if report["stopped_early"] else ""),
+        "",
+        "Random normal inputs vs an fp64 product of the same rounded inputs, normwise relative "
+        "error `||out - ref||_F / max(||ref||_F, || |a| |b| ||_F / sqrt(K))` (the floor only matters "
+        "when a few outputs cancel to near zero by chance); exact cases use small integers whose product is "
+        "exactly representable and must match bit for bit. Outputs are poisoned with NaN first.",
+        "",
+        "## Summary",
+        "",
+        *summary_table(rows),
+        "",
+        "## Worst random case per rung and dtype",
+        "",
+        *[f"- {r['rung']} {r['dtype']}: {r['worst_case']}, rel error {fmt(r['max_rel_error'])}" for r in rows],
+        "",
+    ]
+    if failed:
+        lines += [f"## Failed cases ({len(failed)}; first 50)", ""]
+        lines += [f"- {c.label()}: {describe_outcome(c)}" for c in failed[:50]]
+        lines.append("")
+    md_path.write_text("\n".join(lines))
+    return json_path, md_path
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kernels", nargs="+", default=None,
+                   help="rungs to check (space or comma separated); default: every rung available here")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
+                   help="directory for the JSON and Markdown results (default: benchmarks/results/)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, printed)")
+    p.add_argument("--quick", action="store_true", help="a small subset of shapes (smoke test)")
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
+                   help="target run time in seconds; fewer transposed layouts run if the estimate exceeds it")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="stop starting new cases after this many seconds (the rest count as not run)")
+    return p.parse_args(argv)
+
+
+def choose_rungs(pm, requested: list[str] | None) -> dict[str, tuple]:
+    """The rungs to check, each with the dtypes it takes; raises SystemExit with a
+    message for a bad request."""
+    available = pm.available_kernels()
+    if requested is None:
+        names = [name for name, info in available.items() if info.available]
+        if not names:
+            reasons = "; ".join(f"{n}: {i.reason}" for n, i in available.items())
+            raise SystemExit(f"error: no kernel rung runs on this GPU ({reasons})")
+    else:
+        names = [name for item in requested for name in item.split(",") if name]
+        for name in names:
+            if name not in available:
+                raise SystemExit(f"error: unknown kernel {name!r}; this build has: {', '.join(available)}")
+            if not available[name].available:
+                raise SystemExit(f"error: kernel {name!r} does not run here: {available[name].reason}")
+    return {name: tuple(available[name].dtypes) for name in names}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("correctness_sweep.py needs a CUDA GPU, and torch sees none here "
+              f"(torch {torch.__version__}, torch.cuda.is_available() is False). "
+              "Run it on the device machine (scripts/device_run.sh).", file=sys.stderr)
+        return 2
+    try:
+        pm, how = load_kernel(REPO)
+        rungs = choose_rungs(pm, args.kernels)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a load failure is a setup problem: say it plainly
+        print(f"error: could not load the kernel build from {REPO / 'build'}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 2
+
+    seed = args.seed if args.seed is not None else secrets.randbits(63)
+    torch.set_float32_matmul_precision("highest")  # no TF32 anywhere near the references
+    env = environment(pm, how)
+    print("\n".join(environment_lines(env)))
+    print(f"- Seed: {seed}")
+
+    cases, full_limit = plan_within_budget(rungs, args.quick, args.budget)
+    estimate = estimate_seconds(cases)
+    total_tflop = sum(c.flops for c in cases) / 1e12
+    print(f"Plan: {len(cases)} cases, {total_tflop:.2f} TFLOP of matmul work; estimated {estimate:.0f} s "
+          f"at {ASSUMED_TFLOPS:g} TFLOP/s + {ASSUMED_CASE_OVERHEAD_S * 1e3:.0f} ms a case "
+          f"(budget {args.budget:.0f} s); four layouts where M*N*K <= {full_limit:.4g}", flush=True)
+
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    start = time.monotonic()
+    stopped = run_sweep(pm, cases, gen, args.time_limit)
+    wall = time.monotonic() - start
+
+    rows = summarize(cases)
+    any_failed = any(c.status not in ("pass", "not run") for c in cases)
+    result = "FAIL" if any_failed or stopped else "PASS"
+    date = datetime.date.today().isoformat()
+    stem = f"{date}-correctness-{'quick-' if args.quick else ''}{'-'.join(rungs)}"
+    reproduce = (f"python scripts/correctness_sweep.py --seed {seed} --kernels {' '.join(rungs)}"
+                 f"{' --quick' if args.quick else ''}"
+                 f"{f' --budget {args.budget:g}' if args.budget != DEFAULT_BUDGET_S else ''}")
+    report = {
+        "verdict": result,
+        "stopped_early": stopped,
+        "rungs": list(rungs),
+        "quick": args.quick,
+        "seed": seed,
+        "reproduce": reproduce,
+        "environment": env,
+        "clocks_end": gpu_clocks(),
+        "cases": len(cases),
+        "total_tflop": total_tflop,
+        "estimated_seconds": estimate,
+        "wall_seconds": wall,
+        "full_layout_limit": full_limit,
+        "tolerance": {DTYPE_NAMES[d]: t for d, t in TOLERANCE.items()},
+        "summary": rows,
+    }
+    json_path, md_path = write_reports(args.out, stem, report, rows, cases)
+
+    print()
+    print(f"Wrote {json_path} and {md_path}")
+    print(f"Sweep of {len(cases)} cases in {wall:.1f} s (estimated {estimate:.0f} s), seed {seed}"
+          + (f"; STOPPED EARLY: {stopped}" if stopped else ""))
+    print("\n".join(summary_table(rows)))
+    print(f"RESULT: {result}")
+    return 0 if result == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

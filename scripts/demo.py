@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""persistent_matmul demo: what the kernels compute and how fast, on this machine's GPU.
+
+With a CUDA GPU: loads the kernel as users do (kernels.get_kernel with LOCAL_KERNELS
+pointing at this repo), checks every available rung against an fp64 reference on a
+few shapes and all dtypes, and times each rung against torch.matmul (cuBLAS) on bf16
+1024^3, 2048^3, 4096^3 and fp32 2048^3. ``--record`` also writes the tables to
+``<results dir>/<date>-demo.md``.
+
+Without a GPU: says so, prints the most recent results recorded on a GPU (the
+Markdown files of correctness_sweep.py and of ``demo.py --record`` in the results
+directory), and loads the kernel build to show ``available_kernels()``, which says
+why nothing runs here.
+
+    python scripts/demo.py
+    python scripts/demo.py --record [--results-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+import torch  # noqa: E402
+
+from matmul_checks import (  # noqa: E402
+    DTYPE_NAMES,
+    TOLERANCE,
+    check_exact,
+    environment,
+    environment_lines,
+    exact_int_operands,
+    gpu_clocks,
+    load_kernel,
+    matmul_error,
+    nan_count,
+    poison,
+    random_operands,
+)
+
+DEVICE = "cuda"
+DEFAULT_RESULTS = REPO / "benchmarks" / "results"
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+# Correctness: (m, n, k, a transposed, b transposed): tails, K = 1, strided operands.
+CHECK_SHAPES = [(1, 1, 1, False, False), (7, 65, 8, True, False), (127, 129, 1000, False, True),
+                (1000, 1000, 4104, True, True), (4097, 63, 65, False, False)]
+EXACT_SHAPE = (129, 129, 4104)
+
+# Timing: (dtype, m, n, k).
+TIMED = [(torch.bfloat16, 1024, 1024, 1024), (torch.bfloat16, 2048, 2048, 2048),
+         (torch.bfloat16, 4096, 4096, 4096), (torch.float32, 2048, 2048, 2048)]
+WARMUP = 5
+REPS = 30  # median of this many timed calls
+SLEEP_CYCLES = 1_000_000  # ~0.5 ms GPU spin before each timed call, so launch gaps are not timed
+DEFAULT_L2_BYTES = 60 * 10**6
+
+
+# --------------------------------------------------------------------------- no GPU
+
+
+def recorded_files(results_dir: Path) -> list[Path]:
+    """The newest correctness-sweep summary (a full sweep over --quick on the same
+    date) and the newest demo table in ``results_dir``."""
+    def newest(paths):
+        def key(p: Path):
+            return (p.name[:10], "-quick-" not in p.name, p.stat().st_mtime)
+        return max(paths, key=key, default=None)
+
+    found = [newest(results_dir.glob("*-correctness-*.md")), newest(results_dir.glob("*-demo.md"))]
+    return [p for p in found if p is not None]
+
+
+def recorded_where(path: Path) -> str:
+    """'<GPU> on <date>' read from a recorded Markdown file."""
+    match = re.search(r"^- GPU: (.+)$", path.read_text(), flags=re.MULTILINE)
+    gpu = match.group(1).strip() if match else "an unnamed GPU"
+    date = path.name[:10] if re.match(r"\d{4}-\d{2}-\d{2}", path.name) else "an unknown date"
+    return f"{gpu} on {date}"
+
+
+def show_recorded(results_dir: Path) -> None:
+    files = recorded_files(results_dir) if results_dir.is_dir() else []
+    if not files:
+        print(f"No CUDA GPU here, and no results recorded on a GPU were found in {results_dir}/.")
+        print("To record some, run on a machine with a CUDA GPU: python scripts/correctness_sweep.py "
+              "and python scripts/demo.py --record (scripts/device_run.sh runs both).")
+        return
+    where = list(dict.fromkeys(recorded_where(p) for p in files))
+    print(f"No CUDA GPU here: showing results recorded on {' and '.join(where)}.")
+    for path in files:
+        print()
+        print(f"----- {path.relative_to(REPO) if path.is_relative_to(REPO) else path} -----")
+        print(path.read_text().rstrip())
+    print()
+
+
+def show_kernel_without_gpu() -> int:
+    """Load the build and print available_kernels(); 1 if the build cannot be loaded."""
+    try:
+        pm, how = load_kernel(REPO)
+    except Exception as exc:  # noqa: BLE001 - report it plainly, no traceback
+        print(f"The kernel build could not be loaded from {REPO / 'build'}: {type(exc).__name__}: {exc}")
+        print("Build it first: kernelpress build (or make build).")
+        return 1
+    print(f"Kernel build here: {pm.__name__}, loaded with {how}")
+    print("available_kernels():")
+    for name, info in pm.available_kernels().items():
+        state = "runs here" if info.available else f"does not run here: {info.reason}"
+        print(f"  {name:>10}: {state}")
+    return 0
+
+
+# --------------------------------------------------------------------------- with a GPU
+
+
+def correctness(pm, rungs: dict[str, tuple]) -> tuple[list[str], bool]:
+    """A short check of every rung and dtype vs the fp64 reference; Markdown table and pass/fail."""
+    lines = ["| rung | dtype | random shapes | max rel error | bound | exact 129x129x4104 | result |",
+             "|---|---|---|---|---|---|---|"]
+    all_ok = True
+    for rung, dtypes in rungs.items():
+        for dtype in [d for d in DTYPES if d in dtypes]:
+            try:
+                worst, ok = 0.0, True
+                for m, n, k, a_t, b_t in CHECK_SHAPES:
+                    a, b = random_operands(m, n, k, dtype, DEVICE, a_t, b_t)
+                    out = poison(torch.empty(m, n, dtype=dtype, device=DEVICE))
+                    pm.matmul(a, b, kernel=rung, out=out)
+                    err = matmul_error(out, a, b)
+                    worst = max(worst, err)
+                    ok = ok and err < TOLERANCE[dtype] and nan_count(out) == 0
+                a, b = exact_int_operands(*EXACT_SHAPE, dtype, DEVICE)
+                out = poison(torch.empty(EXACT_SHAPE[0], EXACT_SHAPE[1], dtype=dtype, device=DEVICE))
+                pm.matmul(a, b, kernel=rung, out=out)
+                mismatches = check_exact(out, a, b)
+                ok = ok and mismatches == 0
+                exact = "bit-exact" if mismatches == 0 else f"{mismatches} elements differ"
+                row = (f"| {rung} | {DTYPE_NAMES[dtype]} | {len(CHECK_SHAPES)} | {worst:.3g} | "
+                       f"{TOLERANCE[dtype]:g} | {exact} | {'ok' if ok else '**FAIL**'} |")
+            except Exception as exc:  # noqa: BLE001 - show it in the table and go on
+                ok = False
+                row = (f"| {rung} | {DTYPE_NAMES[dtype]} | - | - | {TOLERANCE[dtype]:g} | - | "
+                       f"**error**: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} |")
+            all_ok = all_ok and ok
+            lines.append(row)
+    return lines, all_ok
+
+
+def input_sets(dtype, m: int, n: int, k: int, l2_bytes: int) -> list[tuple]:
+    """Enough (a, b, out) sets that, cycling through them, more than twice the L2
+    is touched before a set is used again: every timed call reads from DRAM."""
+    set_bytes = (m * k + k * n + m * n) * torch.empty((), dtype=dtype).element_size()
+    count = max(2, 1 + math.ceil(2 * l2_bytes / set_bytes))
+    sets = []
+    for _ in range(count):
+        a, b = random_operands(m, n, k, dtype, DEVICE)
+        sets.append((a, b, torch.empty(m, n, dtype=dtype, device=DEVICE)))
+    return sets
+
+
+def median_ms(fn, sets: list[tuple]) -> float:
+    """Median GPU time in ms of ``fn(a, b, out)`` over REPS calls (after WARMUP),
+    cycling through ``sets``. A GPU spin before each call lets the CPU queue it
+    in time, so the events time the kernel, not the launch gap."""
+    for i in range(WARMUP):
+        fn(*sets[i % len(sets)])
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
+    for i in range(REPS):
+        a, b, out = sets[(WARMUP + i) % len(sets)]
+        torch.cuda._sleep(SLEEP_CYCLES)
+        starts[i].record()
+        fn(a, b, out)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def timing(pm, rungs: dict[str, tuple], l2_bytes: int) -> list[str]:
+    """Each rung vs torch.matmul on the TIMED shapes; Markdown table."""
+    lines = ["| dtype | M x N x K | kernel | median ms | TFLOP/s | vs torch.matmul | rel error | input sets |",
+             "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for dtype, m, n, k in TIMED:
+        sets = input_sets(dtype, m, n, k, l2_bytes)
+        kernels = {"torch.matmul": lambda a, b, out: torch.matmul(a, b, out=out)}
+        for rung, dtypes in rungs.items():
+            if dtype in dtypes:
+                kernels[rung] = lambda a, b, out, rung=rung: pm.matmul(a, b, kernel=rung, out=out)
+        torch_tflops = None
+        for name, fn in kernels.items():
+            shape = f"| {DTYPE_NAMES[dtype]} | {m}x{n}x{k} | {name} |"
+            try:
+                ms = median_ms(fn, sets)
+                tflops = 2 * m * n * k / (ms * 1e-3) / 1e12
+                torch_tflops = torch_tflops or tflops
+                a, b, out = sets[0]
+                poison(out)
+                fn(a, b, out)
+                err = matmul_error(out, a, b)
+                flag = "" if err < TOLERANCE[dtype] else " **FAIL**"
+                lines.append(f"{shape} {ms:.3f} | {tflops:.1f} | {tflops / torch_tflops:.3f}x | "
+                             f"{err:.2g}{flag} | {len(sets)} |")
+            except Exception as exc:  # noqa: BLE001 - show it in the table and go on
+                lines.append(f"{shape} **error**: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} "
+                             f"| - | - | - | {len(sets)} |")
+            print(lines[-1], flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    return lines
+
+
+def run_on_gpu(args) -> int:
+    try:
+        pm, how = load_kernel(REPO)
+    except Exception as exc:  # noqa: BLE001 - a setup problem: say it plainly
+        print(f"The kernel build could not be loaded from {REPO / 'build'}: {type(exc).__name__}: {exc}")
+        return 1
+    torch.set_float32_matmul_precision("highest")  # fp32 torch.matmul without TF32, as our fp32 rungs
+    env = environment(pm, how)
+    available = pm.available_kernels()
+    rungs = {name: tuple(info.dtypes) for name, info in available.items() if info.available}
+    header = [*environment_lines(env)]
+    print("\n".join(header))
+    print("available_kernels():")
+    for name, info in available.items():
+        print(f"  {name:>10}: {'runs here' if info.available else info.reason}")
+    if not rungs:
+        print("No rung of this build runs on this GPU: nothing to check or time.")
+        return 1
+
+    check_lines, ok = correctness(pm, rungs)
+    print("\nCorrectness vs an fp64 reference of the same inputs (outputs poisoned with NaN first):")
+    print("\n".join(check_lines))
+
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size or DEFAULT_L2_BYTES
+    method = (f"CUDA events around each call, median of {REPS} after {WARMUP} warm-up calls; a GPU spin "
+              f"before each call hides launch gaps; inputs random normal, rotated among enough sets "
+              f"to touch > 2x the {l2 / 1e6:.0f} MB L2 between uses; fp32 without TF32. "
+              f"'vs torch.matmul' is the TFLOP/s ratio measured in this same run.")
+    print(f"\nTiming ({method})")
+    time_lines = timing(pm, rungs, l2)
+    clocks_after = gpu_clocks()
+    print(f"SM clock after timing: {clocks_after.get('sm_clock', 'unavailable')} "
+          f"(max {clocks_after.get('max_sm_clock', '?')}), power {clocks_after.get('power_draw', '?')}")
+
+    if args.record:
+        args.results_dir.mkdir(parents=True, exist_ok=True)
+        path = args.results_dir / f"{datetime.date.today().isoformat()}-demo.md"
+        text = "\n".join([
+            f"# persistent_matmul demo on {env.get('gpu')}",
+            "",
+            *header,
+            f"- SM clock after timing: {clocks_after.get('sm_clock', 'unavailable')}",
+            "",
+            "## Correctness",
+            "",
+            "Random normal inputs vs an fp64 reference of the same rounded inputs (normwise relative "
+            "error), plus a small-integer case that must be bit-exact; outputs poisoned with NaN first.",
+            "",
+            *check_lines,
+            "",
+            "## Timing",
+            "",
+            method,
+            "",
+            *time_lines,
+            "",
+        ])
+        path.write_text(text)
+        print(f"Recorded to {path}")
+    print("Correctness: " + ("all checks pass" if ok else "SOME CHECKS FAILED"))
+    return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--record", action="store_true",
+                   help="write the tables to <results dir>/<date>-demo.md (GPU only)")
+    p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS,
+                   help="where recorded results are read (no GPU) and written (--record); "
+                        "default: benchmarks/results/")
+    args = p.parse_args(argv)
+    if torch.cuda.is_available():
+        return run_on_gpu(args)
+    show_recorded(args.results_dir)
+    if args.record:
+        print("(--record: nothing recorded, since no GPU ran anything here.)")
+    return show_kernel_without_gpu()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

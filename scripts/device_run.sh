@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The one command to run on the GPU device machine, from the repo root, with $OUT set:
+#
+#   bash scripts/device_run.sh            (carry: build and .whl)
+#
+# Steps: install the carried wheels (.whl/, if present), print the GPU, check that the
+# prebuilt variant in build/ loads under the device's torch, run the GPU tests, the
+# correctness sweep and the demo. Every step runs even if an earlier one failed; the
+# script exits non-zero if any failed. What it leaves in $OUT (7 files, no folders;
+# the device allows at most 8):
+#   device.log (tests, sweep, demo, benchmark output)  sanitizer.log
+#   <date>-correctness-<rungs>.json/.md  <date>-demo.md  <date>-benchmark.json/.md
+# Copy them back yourself: the device's copy of the repo is discarded.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the output directory}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+PY=${PY:-python3}
+START=$SECONDS
+FAILED=()
+
+# run_step NAME COMMAND...: run one step, note its failure, never stop the script.
+run_step() {
+  local name=$1
+  shift
+  echo
+  echo "=== $name ($((SECONDS - START)) s in)"
+  if "$@"; then
+    echo "=== $name: ok"
+  else
+    local rc=$?
+    echo "=== $name: FAILED (exit $rc)"
+    FAILED+=("$name")
+  fi
+}
+
+install_wheels() {
+  # The device has no `kernels` package: install the carried wheels into /tmp/site.
+  [ -d .whl ] || { echo "no .whl/ folder: using the device's own packages"; return 0; }
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+}
+
+gpu_info() {
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv
+}
+
+check_variant() {
+  "$PY" - <<'EOF'
+import sys
+from pathlib import Path
+
+import torch
+from kernels import get_local_kernel
+
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, GPU: {torch.cuda.get_device_name()}")
+variants = sorted(Path("build").glob("torch-*"))
+print("variants in build/:", [v.name for v in variants])
+pm = get_local_kernel(Path("build"))
+print("loaded:", pm.__name__, "from", Path(pm.__file__).parent.name)
+for name, info in pm.available_kernels().items():
+    print(f"  {name}: {'runs here' if info.available else info.reason}")
+sys.exit(0 if any(i.available for i in pm.available_kernels().values()) else 1)
+EOF
+}
+
+gpu_tests() {
+  # --continue-on-collection-errors: a CPU-only test module that cannot be imported here
+  # (say, for a package the device lacks) is reported, but the GPU tests still run.
+  timeout 120 "$PY" -m pytest -m gpu tests -q -ra -p no:cacheprovider --continue-on-collection-errors \
+    2>&1 | tee -a "$OUT/device.log"
+}
+
+sweep() {
+  timeout 150 "$PY" scripts/correctness_sweep.py --out "$OUT" --time-limit 120 2>&1 | tee -a "$OUT/device.log"
+}
+
+demo() {
+  timeout 60 "$PY" scripts/demo.py --record --results-dir "$OUT" 2>&1 | tee -a "$OUT/device.log"
+}
+
+benchmark() {
+  timeout 150 "$PY" scripts/benchmark_table.py --out "$OUT" 2>&1 | tee -a "$OUT/device.log"
+}
+
+# compute-sanitizer memcheck and racecheck over a small workload of every rung.
+sanitizer() {
+  local tool=$1 cs
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 60 "$cs" --tool "$tool" --error-exitcode 9 \
+    "$PY" scripts/sanitize_workload.py 2>&1 | tail -n 40 | tee -a "$OUT/sanitizer.log"
+}
+
+run_step "install carried wheels" install_wheels
+if [ -d /tmp/site ]; then
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+run_step "GPU info" gpu_info
+run_step "load the prebuilt variant" check_variant
+run_step "GPU tests (pytest -m gpu)" gpu_tests
+run_step "correctness sweep" sweep
+run_step "demo --record" demo
+run_step "benchmark table" benchmark
+run_step "compute-sanitizer memcheck" sanitizer memcheck
+run_step "compute-sanitizer racecheck" sanitizer racecheck
+run_step "GPU info after" gpu_info
+
+echo
+echo "=== files in \$OUT:"
+ls -l "$OUT"
+echo "=== total $((SECONDS - START)) s"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "=== FAILED steps: ${FAILED[*]}"
+  exit 1
+fi
+echo "=== all steps passed"

@@ -1,0 +1,55 @@
+"""A small workload for compute-sanitizer: every available rung, every dtype it
+takes, shapes with tails in M, N and K and transposed operands.
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python scripts/sanitize_workload.py
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python scripts/sanitize_workload.py
+
+With torch's caching allocator off, each tensor is its own allocation, so
+memcheck sees an access past any tensor's end. Exits non-zero if a result is
+wrong (the sanitizer's own report says whether memory accesses were).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from matmul_checks import TOLERANCE, matmul_error, poison, random_operands  # noqa: E402
+from matmul_checks import load_kernel  # noqa: E402
+
+SHAPES = [(1, 1, 1), (7, 9, 5), (129, 65, 70), (64, 200, 33)]
+LAYOUTS = [(False, False), (True, True), (False, True)]
+
+
+def main() -> int:
+    pm, _ = load_kernel()
+    failures = 0
+    runs = 0
+    for name, info in pm.available_kernels().items():
+        if not info.available:
+            continue
+        for dtype in info.dtypes:
+            for m, n, k in SHAPES:
+                for a_t, b_t in LAYOUTS:
+                    a, b = random_operands(m, n, k, dtype, "cuda", a_transposed=a_t, b_transposed=b_t)
+                    out = poison(torch.empty(m, n, device="cuda", dtype=dtype))
+                    pm.matmul(a, b, kernel=name, out=out)
+                    err = matmul_error(out, a, b)
+                    runs += 1
+                    if not err < TOLERANCE[dtype]:
+                        failures += 1
+                        print(f"WRONG {name} {dtype} {m}x{n}x{k} aT={a_t} bT={b_t}: rel error {err:.3g}")
+        if info.dtypes and pm.available_kernels()[name].available and name in ("tiled", "persistent"):
+            a, b = random_operands(129, 65, 70, torch.bfloat16, "cuda")
+            pm.matmul_timeline(a, b, kernel=name)
+            runs += 1
+    torch.cuda.synchronize()
+    print(f"sanitize workload: {runs} runs, {failures} wrong results")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""GPU tests of the tensor-core rungs' tiling: the instrumented timeline, the
+persistent grid, and shapes that cross tile-size and layout boundaries.
+
+Run with ``python -m pytest -m gpu tests`` on a machine with a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from matmul_checks import TOLERANCE, matmul_error, nan_count, poison, random_operands
+
+pytestmark = pytest.mark.gpu
+
+TENSOR_CORE_RUNGS = ["tiled", "persistent"]
+TIMELINE_SHAPES = [(1, 1, 1), (129, 65, 70), (1000, 1000, 1000), (4097, 4097, 256), (8192, 8192, 64)]
+
+
+@pytest.mark.parametrize("kernel", TENSOR_CORE_RUNGS)
+@pytest.mark.parametrize("m, n, k", TIMELINE_SHAPES)
+def test_timeline_covers_every_tile_once(pm, kernel, m, n, k):
+    if not pm.available_kernels()[kernel].available:
+        pytest.skip(pm.available_kernels()[kernel].reason)
+    a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
+    out, timeline = pm.matmul_timeline(a, b, kernel=kernel)
+    torch.cuda.synchronize()
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+    cfg = pm.tile_config(m, n)
+    rows = timeline.cpu()
+    tile_m, tile_n, sm, cta, start, end = rows.unbind(1)
+    tiles_m, tiles_n = -(-m // cfg["block_m"]), -(-n // cfg["block_n"])
+    assert rows.shape[0] == cfg["tiles"] == tiles_m * tiles_n
+    seen = sorted(zip(tile_m.tolist(), tile_n.tolist()))
+    assert seen == [(i, j) for i in range(tiles_m) for j in range(tiles_n)], "each tile exactly once"
+    assert bool((start < end).all()), "every tile has start < end"
+    assert int(sm.min()) >= 0 and int(sm.max()) < torch.cuda.get_device_properties(0).multi_processor_count
+    ctas = set(cta.tolist())
+    if kernel == "persistent":
+        assert len(ctas) == cfg["persistent_ctas"] <= cfg["tiles"], "grid = the CTAs tile_config reports"
+        # A CTA's tiles run one after another.
+        for c in ctas:
+            mine = rows[cta == c]
+            order = mine[:, 4].argsort()
+            s, e = mine[order, 4], mine[order, 5]
+            assert bool((s[1:] >= e[:-1]).all()), f"CTA {c} overlaps its own tiles"
+    else:
+        assert ctas == set(range(cfg["tiles"])), "tiled launches one CTA per tile"
+
+
+def test_persistent_grid_fills_the_device_once(pm):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = pm.tile_config(8192, 8192)
+    assert cfg["tiles"] > sms
+    assert sms <= cfg["persistent_ctas"] <= 4 * sms
+    assert cfg["persistent_ctas"] % sms == 0
+
+
+@pytest.mark.parametrize("kernel", TENSOR_CORE_RUNGS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["row-major", "linear-weight", "transposed-a", "ld4097", "offset"])
+def test_layouts_that_need_a_copy_or_not(pm, kernel, dtype, layout):
+    m, n, k = 300, 260, 4097
+    gen_a = torch.randn(m + 1, k + 7, device="cuda", dtype=dtype)
+    gen_b = torch.randn(k + 1, n + 7, device="cuda", dtype=dtype)
+    if layout == "row-major":
+        a, b = gen_a[:m, :k].contiguous(), gen_b[:k, :n].contiguous()
+    elif layout == "linear-weight":
+        a, b = gen_a[:m, :k].contiguous(), gen_b[:k, :n].t().contiguous().t()
+    elif layout == "transposed-a":
+        a, b = gen_a[:m, :k].t().contiguous().t(), gen_b[:k, :n].contiguous()
+    elif layout == "ld4097":
+        a, b = torch.randn(m, 4097, device="cuda", dtype=dtype), torch.randn(4097, n, device="cuda", dtype=dtype)
+    else:
+        a, b = gen_a[1:, 1:k + 1], gen_b[1:, 1:n + 1]
+    out = poison(torch.empty(m, n, device="cuda", dtype=dtype))
+    pm.matmul(a, b, kernel=kernel, out=out)
+    torch.cuda.synchronize()
+    assert nan_count(out) == 0
+    assert matmul_error(out, a, b) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("kernel", TENSOR_CORE_RUNGS)
+@pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (128, 4096, 512), (129, 8, 8200), (2048, 2048, 31)])
+def test_tile_size_boundaries(pm, kernel, m, n, k):
+    """Shapes around the large/small tile switch and with K tails inside a 16-byte chunk."""
+    a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
+    out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+    pm.matmul(a, b, kernel=kernel, out=out)
+    torch.cuda.synchronize()
+    assert nan_count(out) == 0
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+
+
+def test_tensor_core_rung_rejects_float32(pm):
+    a = torch.randn(8, 8, device="cuda")
+    with pytest.raises(TypeError, match="does not take torch.float32"):
+        pm.matmul(a, a, kernel="tiled")
+
+
+def test_timeline_needs_a_tensor_core_rung(pm):
+    a = torch.randn(8, 8, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="no instrumented build"):
+        pm.matmul_timeline(a, a, kernel="naive")
