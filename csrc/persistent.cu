@@ -64,11 +64,12 @@ cudaError_t launch(const MatmulProblem& p, cudaStream_t stream, int device) {
   return tc::dispatch(p, device, [&](auto type, auto shape, auto kmajor) {
     using T = typename decltype(type)::type;
     using Shape = decltype(shape);
-    auto kernel = persistent_kernel<T, Shape, decltype(kmajor)::value, TIMELINE>;
-    if (cudaError_t err = tc::allow_dynamic_smem(kernel, Shape::SMEM_BYTES, device)) return err;
+    constexpr auto kernel = persistent_kernel<T, Shape, decltype(kmajor)::value, TIMELINE>;
+    const int smem = tc::smem_request<Shape>(device);
+    if (cudaError_t err = tc::allow_dynamic_smem<kernel>(smem, device)) return err;
     const int64_t tiles = ceil_div(p.m, Shape::BM) * ceil_div(p.n, Shape::BN);
-    const int64_t grid = persistent_grid(kernel, Shape::THREADS, Shape::SMEM_BYTES, device, tiles);
-    kernel<<<static_cast<unsigned>(grid), Shape::THREADS, Shape::SMEM_BYTES, stream>>>(
+    const int64_t grid = persistent_grid(kernel, Shape::THREADS, smem, device, tiles);
+    kernel<<<static_cast<unsigned>(grid), Shape::THREADS, smem, stream>>>(
         p, tc::operands_of(p, decltype(kmajor)::value));
     return cudaGetLastError();
   });
@@ -91,9 +92,10 @@ TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device) {
     cfg.block_n = Shape::BN;
     cfg.block_k = Shape::BK;
     cfg.tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
-    auto kernel = persistent_kernel<__nv_bfloat16, Shape, true, false>;
-    tc::allow_dynamic_smem(kernel, Shape::SMEM_BYTES, device);
-    cfg.persistent_ctas = persistent_grid(kernel, Shape::THREADS, Shape::SMEM_BYTES, device, cfg.tiles);
+    constexpr auto kernel = persistent_kernel<__nv_bfloat16, Shape, true, false>;
+    const int smem = tc::smem_request<Shape>(device);
+    tc::allow_dynamic_smem<kernel>(smem, device);
+    cfg.persistent_ctas = persistent_grid(kernel, Shape::THREADS, smem, device, cfg.tiles);
   };
   if (tc::use_large_tile(m, n, tc::sm_count(device))) {
     fill(tc::LargeTile{});

@@ -80,12 +80,31 @@ cudaError_t dispatch(const MatmulProblem& p, int device, Launch&& launch) {
   return p.dtype == ElementType::kBFloat16 ? by_shape(TypeTag<__nv_bfloat16>{}) : by_shape(TypeTag<__half>{});
 }
 
-// Lets a kernel use more than 48 KB of dynamic shared memory (once per kernel and device).
-template <typename Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, int bytes, int device) {
+// Dynamic shared memory a CTA of this shape asks for on `device`: at least
+// what its stages need, raised so that no more than Shape::MIN_CTAS CTAs fit
+// on an SM. Registers are capped for MIN_CTAS CTAs by the launch bounds, so
+// every variant of a shape (dtype, B layout, instrumented or not) has the same
+// occupancy, min(MIN_CTAS, what shared memory allows), for `tiled` and
+// `persistent` alike.
+template <typename Shape>
+int smem_request(int device) {
+  int per_sm = 0, per_block = 0;
+  cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  constexpr int kReservedPerCta = 1024;  // shared memory the runtime keeps per CTA
+  const int limit_occupancy = per_sm / Shape::MIN_CTAS - kReservedPerCta;
+  const int request = limit_occupancy > Shape::SMEM_BYTES ? limit_occupancy : Shape::SMEM_BYTES;
+  return request < per_block ? request : per_block;
+}
+
+// Lets a kernel use more than 48 KB of dynamic shared memory, once per kernel
+// and device (the template parameter is the kernel itself, so each kernel
+// has its own flags).
+template <auto kKernel>
+cudaError_t allow_dynamic_smem(int bytes, int device) {
   static bool done[128] = {};
   if (device >= 0 && device < 128 && done[device]) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const cudaError_t err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err == cudaSuccess && device >= 0 && device < 128) done[device] = true;
   return err;
 }

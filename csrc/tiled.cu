@@ -38,10 +38,11 @@ cudaError_t launch(const MatmulProblem& p, cudaStream_t stream, int device) {
   return tc::dispatch(p, device, [&](auto type, auto shape, auto kmajor) {
     using T = typename decltype(type)::type;
     using Shape = decltype(shape);
-    auto kernel = tiled_kernel<T, Shape, decltype(kmajor)::value, TIMELINE>;
-    if (cudaError_t err = tc::allow_dynamic_smem(kernel, Shape::SMEM_BYTES, device)) return err;
+    constexpr auto kernel = tiled_kernel<T, Shape, decltype(kmajor)::value, TIMELINE>;
+    const int smem = tc::smem_request<Shape>(device);
+    if (cudaError_t err = tc::allow_dynamic_smem<kernel>(smem, device)) return err;
     const int64_t tiles = ceil_div(p.m, Shape::BM) * ceil_div(p.n, Shape::BN);
-    kernel<<<static_cast<unsigned>(tiles), Shape::THREADS, Shape::SMEM_BYTES, stream>>>(
+    kernel<<<static_cast<unsigned>(tiles), Shape::THREADS, smem, stream>>>(
         p, tc::operands_of(p, decltype(kmajor)::value));
     return cudaGetLastError();
   });

@@ -85,12 +85,18 @@ benchmark() {
   timeout 150 "$PY" scripts/benchmark_table.py --out "$OUT" 2>&1 | tee -a "$OUT/device.log"
 }
 
-# compute-sanitizer memcheck and racecheck over a small workload of every rung.
+# compute-sanitizer TOOL [RUNG ...] over a small workload; the head of its report
+# (where the first error is) and its summary go to sanitizer.log.
 sanitizer() {
-  local tool=$1 cs
+  local tool=$1 cs rc=0
+  shift
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 60 "$cs" --tool "$tool" --error-exitcode 9 \
-    "$PY" scripts/sanitize_workload.py 2>&1 | tail -n 40 | tee -a "$OUT/sanitizer.log"
+  echo "### compute-sanitizer --tool $tool, rungs: ${*:-all}" >>"$OUT/sanitizer.log"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 90 "$cs" --tool "$tool" --error-exitcode 9 --print-limit 4 \
+    "$PY" scripts/sanitize_workload.py "$@" >/tmp/sanitizer.txt 2>&1 || rc=$?
+  { head -n 60 /tmp/sanitizer.txt; echo "[...]"; tail -n 4 /tmp/sanitizer.txt; } >>"$OUT/sanitizer.log"
+  tail -n 4 /tmp/sanitizer.txt
+  return $rc
 }
 
 run_step "install carried wheels" install_wheels
@@ -103,7 +109,9 @@ run_step "GPU tests (pytest -m gpu)" gpu_tests
 run_step "correctness sweep" sweep
 run_step "demo --record" demo
 run_step "benchmark table" benchmark
-run_step "compute-sanitizer memcheck" sanitizer memcheck
+run_step "compute-sanitizer memcheck naive" sanitizer memcheck naive
+run_step "compute-sanitizer memcheck tiled" sanitizer memcheck tiled
+run_step "compute-sanitizer memcheck persistent" sanitizer memcheck persistent
 run_step "compute-sanitizer racecheck" sanitizer racecheck
 run_step "GPU info after" gpu_info
 
