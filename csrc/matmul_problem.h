@@ -39,6 +39,11 @@ struct TileConfig {
 // Each launcher returns the launch error, if any.
 // Rung 1: one thread per output element.
 cudaError_t launch_naive(const MatmulProblem& problem, cudaStream_t stream);
+// Rung 2: fp32 on CUDA cores, block/warp/thread tiles. fp32 only; A
+// K-contiguous, B K- or N-contiguous, leading dims multiples of 4 elements,
+// 16-byte-aligned bases (cuda_core_operands_ok says whether they are).
+cudaError_t launch_warptiled(const MatmulProblem& problem, cudaStream_t stream);
+bool cuda_core_operands_ok(const MatmulProblem& problem);
 // Rung 3: tensor cores (mma.sync), one CTA per output tile. bf16/fp16 only;
 // A K-contiguous, B K- or N-contiguous, leading dims multiples of 8 elements,
 // 16-byte-aligned bases (tensor_core_operands_ok says whether they are).

@@ -10,11 +10,13 @@
 namespace persistent_matmul {
 namespace tc {
 
-// 8 warps of 64x32 for large problems; 4 warps of 32x32 when large tiles
-// would leave SMs idle. Four stages: 64 KB and 32 KB of shared memory, so 2
-// and 4 CTAs fit on an SM of any arch from sm_80 on (>= 100 KB).
-using LargeTile = TileShape<128, 128, 2, 4, 4, 2>;
-using SmallTile = TileShape<64, 64, 2, 2, 4, 3>;
+// Both shapes: 4 warps, 64-deep k-tiles (128-byte shared-memory rows).
+// Large problems: 128x128 tiles of four 64x64 warp tiles, 3 stages (96 KB),
+// two CTAs an SM where 192 KB fit (sm_90, sm_100), one elsewhere. Small
+// problems, where 128x128 tiles would leave SMs idle: 64x64 tiles of four
+// 32x32 warp tiles, 4 stages (64 KB).
+using LargeTile = TileShape<128, 128, 64, 2, 2, 3, 2>;
+using SmallTile = TileShape<64, 64, 64, 2, 2, 4, 3>;
 
 inline int sm_count(int device) {
   static int cache[128] = {};

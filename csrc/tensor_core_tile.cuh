@@ -3,9 +3,9 @@
 //
 // * Global -> shared: cp.async 16-byte copies into a STAGES-deep ring of
 //   shared-memory buffers, so the loads of k-tile i+STAGES-1 are in flight while
-//   k-tile i is multiplied. Tails in M, N and K are zero-filled by cp.async
-//   itself (its source size is cut to the valid bytes), so the math needs no
-//   bounds checks.
+//   k-tile i is multiplied. Chunks past the edges of M, N and K are stored as
+//   zeros, and a chunk cut by an edge is read element by element (nothing
+//   beyond a tensor is touched), so the math needs no bounds checks.
 // * Shared memory is XOR-swizzled per 16-byte chunk, so the cp.async writes and
 //   the ldmatrix reads of 8 rows hit 8 different bank groups (no conflicts).
 // * Shared -> registers: ldmatrix (.trans for a B tile stored N-major), then
@@ -35,10 +35,10 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Copies `valid_bytes` (0..16) from global memory and zero-fills the rest of the
-// 16-byte chunk. With valid_bytes == 0 nothing is read.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int valid_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));
+// Copies one whole 16-byte chunk from global to shared memory asynchronously
+// (bypassing L1); chunks cut by a tensor's edge go through copy_partial_chunk.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -90,20 +90,75 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
   return (row * ROW_CHUNKS + phys) * 16;
 }
 
+// ---------------------------------------------------------------- global -> shared copies
+
+// Stores one 16-byte chunk of zeros to shared memory.
+__device__ __forceinline__ void st_shared_zero16(uint32_t dst) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0));
+}
+
+// A chunk that straddles the end of a row (the last `valid` < 8 elements of a
+// dimension that is not a multiple of 8): read the valid elements one by one,
+// so nothing past the tensor is touched, and zero the rest.
+__device__ __forceinline__ void copy_partial_chunk(uint32_t dst, const char* src, int64_t valid) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const uint32_t lo = 2 * e < valid ? s[2 * e] : 0;
+    const uint32_t hi = 2 * e + 1 < valid ? s[2 * e + 1] : 0;
+    w[e] = lo | (hi << 16);
+  }
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+               "r"(w[3]));
+}
+
+// Copies a ROWS x (ROW_CHUNKS * 8) tile of 16-bit elements into swizzled
+// shared memory: tile element (r, c) is global element (row0 + r, col0 + c)
+// at gmem + ((row0 + r) * ld + col0 + c) * 2, valid below (row_limit,
+// col_limit); invalid elements become zeros. Each thread owns one chunk
+// column and every (THREADS / ROW_CHUNKS)-th row, so its addresses are one
+// base pointer plus constant multiples of ld.
+template <int ROWS, int ROW_CHUNKS, int THREADS>
+__device__ __forceinline__ void copy_tile(uint32_t smem, const char* gmem, int64_t ld, int64_t row0,
+                                          int64_t row_limit, int64_t col0, int64_t col_limit) {
+  static_assert(THREADS % ROW_CHUNKS == 0 && (ROWS * ROW_CHUNKS) % THREADS == 0, "tile must split evenly");
+  constexpr int ROW_STEP = THREADS / ROW_CHUNKS;
+  constexpr int PER_THREAD = ROWS * ROW_CHUNKS / THREADS;
+  const int first_row = threadIdx.x / ROW_CHUNKS, chunk = threadIdx.x % ROW_CHUNKS;
+  const int64_t col = col0 + chunk * 8;
+  const int64_t col_valid = col_limit - col;
+  const char* src = gmem + ((row0 + first_row) * ld + col) * 2;
+  const int64_t row_bytes = ld * ROW_STEP * 2;
+#pragma unroll
+  for (int i = 0; i < PER_THREAD; ++i) {
+    const int r = first_row + i * ROW_STEP;
+    const uint32_t dst = smem + swizzled_offset<ROW_CHUNKS>(r, chunk);
+    const char* p = src + i * row_bytes;
+    if (row0 + r >= row_limit || col_valid <= 0) {
+      st_shared_zero16(dst);
+    } else if (col_valid >= 8) {
+      cp_async_16(dst, p);
+    } else {
+      copy_partial_chunk(dst, p, col_valid);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- the tile
 
 // BM x BN output tile, BK deep k-tiles, WARPS_M x WARPS_N warps each owning a
 // (BM / WARPS_M) x (BN / WARPS_N) warp tile, STAGES shared-memory buffers.
 // MIN_CTAS CTAs must fit on one SM: it caps registers (launch bounds) so the
 // tiled and persistent kernels get the same occupancy.
-template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int STAGES_, int MIN_CTAS_>
+template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int MIN_CTAS_>
 struct TileShape {
-  static constexpr int BM = BM_, BN = BN_, BK = 32, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, STAGES = STAGES_;
-  static constexpr int MIN_CTAS = MIN_CTAS_;
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
+  static constexpr int STAGES = STAGES_, MIN_CTAS = MIN_CTAS_;
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
   static constexpr int MMA_M = WM / 16, MMA_N = WN / 8;
-  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16x16");
+  static_assert(WM % 16 == 0 && WN % 16 == 0 && BK % 16 == 0, "warp tile and k-tile must be multiples of 16");
   static constexpr int A_STAGE_BYTES = BM * BK * 2;
   static constexpr int B_STAGE_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
@@ -122,48 +177,19 @@ struct TileOperands {
 template <typename Shape, bool B_KMAJOR>
 struct Tile {
   using S = Shape;
-  static constexpr int A_ROW_CHUNKS = S::BK / 8;                    // A stored [BM][BK]
+  static constexpr int A_ROW_CHUNKS = S::BK / 8;                         // A stored [BM][BK]
   static constexpr int B_ROW_CHUNKS = B_KMAJOR ? S::BK / 8 : S::BN / 8;  // [BN][BK] or [BK][BN]
 
-  // Issue the cp.async copies of k-tile `kt` of output tile (tile_m, tile_n) into `stage`.
+  // Issue the copies of k-tile `kt` of output tile (tile_m, tile_n) into `stage`.
   static __device__ __forceinline__ void load_stage(const TileOperands& op, char* stage, int tile_m, int tile_n,
                                                     int kt) {
-    const int tid = threadIdx.x;
     const int64_t k0 = int64_t(kt) * S::BK;
-    const uint32_t a_base = smem_addr(stage);
-    const uint32_t b_base = smem_addr(stage + S::A_STAGE_BYTES);
-    // A: BM rows x (BK / 8) chunks.
-#pragma unroll
-    for (int c = tid; c < S::BM * A_ROW_CHUNKS; c += S::THREADS) {
-      const int row = c / A_ROW_CHUNKS, chunk = c % A_ROW_CHUNKS;
-      const int64_t gm = int64_t(tile_m) * S::BM + row, gk = k0 + chunk * 8;
-      const int64_t valid = gm < op.m ? min_i64(8, op.k - gk) : 0;
-      const int bytes = valid > 0 ? int(valid) * 2 : 0;
-      const char* src = bytes ? op.a + (gm * op.lda + gk) * 2 : op.a;
-      cp_async_16(a_base + swizzled_offset<A_ROW_CHUNKS>(row, chunk), src, bytes);
-    }
+    const uint32_t a_smem = smem_addr(stage), b_smem = smem_addr(stage + S::A_STAGE_BYTES);
+    copy_tile<S::BM, A_ROW_CHUNKS, S::THREADS>(a_smem, op.a, op.lda, int64_t(tile_m) * S::BM, op.m, k0, op.k);
     if constexpr (B_KMAJOR) {
-      // B: BN rows (output columns) x (BK / 8) chunks along K.
-#pragma unroll
-      for (int c = tid; c < S::BN * B_ROW_CHUNKS; c += S::THREADS) {
-        const int row = c / B_ROW_CHUNKS, chunk = c % B_ROW_CHUNKS;
-        const int64_t gn = int64_t(tile_n) * S::BN + row, gk = k0 + chunk * 8;
-        const int64_t valid = gn < op.n ? min_i64(8, op.k - gk) : 0;
-        const int bytes = valid > 0 ? int(valid) * 2 : 0;
-        const char* src = bytes ? op.b + (gn * op.ldb + gk) * 2 : op.b;
-        cp_async_16(b_base + swizzled_offset<B_ROW_CHUNKS>(row, chunk), src, bytes);
-      }
+      copy_tile<S::BN, B_ROW_CHUNKS, S::THREADS>(b_smem, op.b, op.ldb, int64_t(tile_n) * S::BN, op.n, k0, op.k);
     } else {
-      // B: BK rows (k) x (BN / 8) chunks along N.
-#pragma unroll
-      for (int c = tid; c < S::BK * B_ROW_CHUNKS; c += S::THREADS) {
-        const int row = c / B_ROW_CHUNKS, chunk = c % B_ROW_CHUNKS;
-        const int64_t gk = k0 + row, gn = int64_t(tile_n) * S::BN + chunk * 8;
-        const int64_t valid = gk < op.k ? min_i64(8, op.n - gn) : 0;
-        const int bytes = valid > 0 ? int(valid) * 2 : 0;
-        const char* src = bytes ? op.b + (gk * op.ldb + gn) * 2 : op.b;
-        cp_async_16(b_base + swizzled_offset<B_ROW_CHUNKS>(row, chunk), src, bytes);
-      }
+      copy_tile<S::BK, B_ROW_CHUNKS, S::THREADS>(b_smem, op.b, op.ldb, k0, op.k, int64_t(tile_n) * S::BN, op.n);
     }
   }
 

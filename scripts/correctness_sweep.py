@@ -30,6 +30,7 @@ import argparse
 import datetime
 import json
 import math
+import random
 import secrets
 import sys
 import time
@@ -98,6 +99,7 @@ class Case:
     passed: bool = False
     status: str = "not run"  # "pass", "fail", "error: ...", "not run"
     seconds: float | None = None
+    fuzz: bool = False  # a random shape drawn by --fuzz, not one of the fixed sizes
 
     @property
     def flops(self) -> int:
@@ -105,7 +107,8 @@ class Case:
 
     def label(self) -> str:
         layout = f"{'aT' if self.a_transposed else 'a'}.{'bT' if self.b_transposed else 'b'}"
-        return f"{self.rung} {self.dtype} {self.kind} {self.m}x{self.n}x{self.k} {layout}"
+        kind = "fuzz" if self.fuzz else self.kind
+        return f"{self.rung} {self.dtype} {kind} {self.m}x{self.n}x{self.k} {layout}"
 
 
 def layouts_for(m: int, n: int, k: int, full_limit: float) -> list[tuple[bool, bool]]:
@@ -133,6 +136,24 @@ def plan(rungs: dict[str, tuple], quick: bool, full_limit: float) -> list[Case]:
                     for k in exact_k:
                         for a_t, b_t in layouts_for(m, n, k, full_limit):
                             cases.append(Case(rung, name, "exact", m, n, k, a_t, b_t))
+    return cases
+
+
+FUZZ_MAX_DIM = 5000
+
+
+def plan_fuzz(rungs: dict[str, tuple], count: int, seed: int) -> list[Case]:
+    """`count` random shapes per rung and dtype: M, N, K uniform in 1..5000, random
+    transposes, random normal inputs; reproducible from the seed."""
+    rng = random.Random(seed)
+    cases = []
+    for rung, rung_dtypes in rungs.items():
+        for dtype in [d for d in DTYPES if d in rung_dtypes]:
+            for _ in range(count):
+                m, n, k = (rng.randint(1, FUZZ_MAX_DIM) for _ in range(3))
+                a_t, b_t = rng.random() < 0.5, rng.random() < 0.5
+                cases.append(Case(rung, DTYPE_NAMES[dtype], "random", m, n, k, a_t, b_t,
+                                  bound=TOLERANCE[dtype], fuzz=True))
     return cases
 
 
@@ -188,10 +209,10 @@ def run_sweep(pm, cases: list[Case], gen: torch.Generator, time_limit_s: float |
     failures_shown = 0
     group, group_start = None, start
     for index, case in enumerate(cases):
-        if (case.rung, case.dtype, case.kind) != group:
+        if group_of(case) != group:
             if group is not None:
                 print_group(cases, group, time.monotonic() - group_start)
-            group, group_start = (case.rung, case.dtype, case.kind), time.monotonic()
+            group, group_start = group_of(case), time.monotonic()
         if time_limit_s is not None and time.monotonic() - start > time_limit_s:
             return f"time limit of {time_limit_s:g} s reached after {index} of {len(cases)} cases"
         t0 = time.monotonic()
@@ -218,12 +239,17 @@ def describe_outcome(case: Case) -> str:
     return f"{case.mismatches} of {case.m * case.n} elements differ, {case.nan_count} NaN"
 
 
+def group_of(case: Case) -> tuple[str, str, str]:
+    """Progress lines group cases by rung, dtype and kind (fuzz apart from the fixed sizes)."""
+    return case.rung, case.dtype, "fuzz" if case.fuzz else case.kind
+
+
 def print_group(cases: list[Case], group: tuple, seconds: float) -> None:
     rung, dtype, kind = group
-    done = [c for c in cases if (c.rung, c.dtype, c.kind) == group and c.status != "not run"]
+    done = [c for c in cases if group_of(c) == group and c.status != "not run"]
     failed = sum(not c.passed for c in done)
     extra = ""
-    if kind == "random" and done:
+    if kind in ("random", "fuzz") and done:
         extra = f", max rel error {max_error(done):.3g}"
     print(f"{rung:>10} {dtype} {kind:6}: {len(done)} cases, {failed} failed{extra} ({seconds:.1f} s)", flush=True)
 
@@ -246,9 +272,12 @@ def summarize(cases: list[Case]) -> list[dict]:
         exact = [c for c in mine if c.kind == "exact" and c.status != "not run"]
         bound = TOLERANCE[DTYPE_BY_NAME[dtype]]
         worst = max(rand, key=lambda c: c.rel_error if c.rel_error is not None else math.inf, default=None)
+        fuzz = [c for c in rand if c.fuzz]
         rows.append({
             "rung": rung,
             "dtype": dtype,
+            "fuzz_cases": len(fuzz),
+            "fuzz_failures": sum(not c.passed for c in fuzz),
             "random_cases": len(rand),
             "random_failures": sum(not c.passed for c in rand),
             "max_rel_error": max_error(rand) if rand else None,
@@ -268,8 +297,8 @@ def fmt(value, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
 
-SUMMARY_HEADER = ("| rung | dtype | random cases | failed | max rel error | bound | max err/bound "
-                  "| exact cases | exact failed | mismatched elements | outputs with NaN | not run |")
+SUMMARY_HEADER = ("| rung | dtype | random cases | failed | of which fuzz (failed) | max rel error | bound "
+                  "| max err/bound | exact cases | exact failed | mismatched elements | outputs with NaN | not run |")
 
 
 def summary_table(rows: list[dict]) -> list[str]:
@@ -277,6 +306,7 @@ def summary_table(rows: list[dict]) -> list[str]:
     for r in rows:
         lines.append(
             f"| {r['rung']} | {r['dtype']} | {r['random_cases']} | {r['random_failures']} | "
+            f"{r['fuzz_cases']} ({r['fuzz_failures']}) | "
             f"{fmt(r['max_rel_error'])} | {r['bound']:g} | {fmt(r['max_error_over_bound'], '.3f')} | "
             f"{r['exact_cases']} | {r['exact_failures']} | {r['exact_mismatched_elements']} | "
             f"{r['outputs_with_nan']} | {r['not_run']} |"
@@ -361,6 +391,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a small subset of shapes (smoke test)")
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                    help="target run time in seconds; fewer transposed layouts run if the estimate exceeds it")
+    p.add_argument("--fuzz", type=int, default=0, metavar="N",
+                   help="also N random shapes (each dim 1..5000, random transposes) per rung and dtype")
     p.add_argument("--time-limit", type=float, default=None,
                    help="stop starting new cases after this many seconds (the rest count as not run)")
     return p.parse_args(argv)
@@ -409,7 +441,9 @@ def main(argv=None) -> int:
     print("\n".join(environment_lines(env)))
     print(f"- Seed: {seed}")
 
-    cases, full_limit = plan_within_budget(rungs, args.quick, args.budget)
+    fuzz_cases = plan_fuzz(rungs, args.fuzz, seed)
+    cases, full_limit = plan_within_budget(rungs, args.quick, args.budget - estimate_seconds(fuzz_cases))
+    cases += fuzz_cases
     estimate = estimate_seconds(cases)
     total_tflop = sum(c.flops for c in cases) / 1e12
     print(f"Plan: {len(cases)} cases, {total_tflop:.2f} TFLOP of matmul work; estimated {estimate:.0f} s "
@@ -427,7 +461,7 @@ def main(argv=None) -> int:
     date = datetime.date.today().isoformat()
     stem = f"{date}-correctness-{'quick-' if args.quick else ''}{'-'.join(rungs)}"
     reproduce = (f"python scripts/correctness_sweep.py --seed {seed} --kernels {' '.join(rungs)}"
-                 f"{' --quick' if args.quick else ''}"
+                 f"{' --quick' if args.quick else ''}{f' --fuzz {args.fuzz}' if args.fuzz else ''}"
                  f"{f' --budget {args.budget:g}' if args.budget != DEFAULT_BUDGET_S else ''}")
     report = {
         "verdict": result,

@@ -6,9 +6,9 @@
 # Steps: install the carried wheels (.whl/, if present), print the GPU, check that the
 # prebuilt variant in build/ loads under the device's torch, run the GPU tests, the
 # correctness sweep and the demo. Every step runs even if an earlier one failed; the
-# script exits non-zero if any failed. What it leaves in $OUT (7 files, no folders;
+# script exits non-zero if any failed. What it leaves in $OUT (8 files, no folders;
 # the device allows at most 8):
-#   device.log (tests, sweep, demo, benchmark output)  sanitizer.log
+#   device.log (tests, sweep, demo, benchmark output)  sanitizer.log  ncu.txt
 #   <date>-correctness-<rungs>.json/.md  <date>-demo.md  <date>-benchmark.json/.md
 # Copy them back yourself: the device's copy of the repo is discarded.
 set -euo pipefail
@@ -74,7 +74,7 @@ gpu_tests() {
 }
 
 sweep() {
-  timeout 150 "$PY" scripts/correctness_sweep.py --out "$OUT" --time-limit 120 2>&1 | tee -a "$OUT/device.log"
+  timeout 200 "$PY" scripts/correctness_sweep.py --out "$OUT" --fuzz 500 --time-limit 170 2>&1 | tee -a "$OUT/device.log"
 }
 
 demo() {
@@ -83,6 +83,22 @@ demo() {
 
 benchmark() {
   timeout 150 "$PY" scripts/benchmark_table.py --out "$OUT" 2>&1 | tee -a "$OUT/device.log"
+}
+
+# Nsight Compute on the tensor-core and fp32 kernels at 4096^3 (clocks left alone).
+profile() {
+  local ncu
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  {
+    timeout 120 "$ncu" --clock-control none -k 'regex:tiled_kernel|persistent_kernel' --launch-skip 2 \
+      --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      "$PY" scripts/profile_workload.py --shape 4096x4096x4096 tiled persistent
+    timeout 60 "$ncu" --clock-control none -k 'regex:warptiled_kernel' --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      "$PY" scripts/profile_workload.py --shape 4096x4096x4096 --dtype float32 warptiled
+  } >"$OUT/ncu.txt" 2>&1
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per" "$OUT/ncu.txt" | head -30
 }
 
 # compute-sanitizer TOOL [RUNG ...] over a small workload; the head of its report
@@ -112,7 +128,9 @@ run_step "benchmark table" benchmark
 run_step "compute-sanitizer memcheck naive" sanitizer memcheck naive
 run_step "compute-sanitizer memcheck tiled" sanitizer memcheck tiled
 run_step "compute-sanitizer memcheck persistent" sanitizer memcheck persistent
+run_step "compute-sanitizer memcheck warptiled" sanitizer memcheck warptiled
 run_step "compute-sanitizer racecheck" sanitizer racecheck
+run_step "ncu profile" profile
 run_step "GPU info after" gpu_info
 
 echo

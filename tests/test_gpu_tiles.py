@@ -56,10 +56,14 @@ def test_persistent_grid_fills_the_device_once(pm):
     assert cfg["persistent_ctas"] % sms == 0
 
 
-@pytest.mark.parametrize("kernel", TENSOR_CORE_RUNGS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+CHUNKED_RUNGS = [("tiled", torch.bfloat16), ("tiled", torch.float16), ("persistent", torch.bfloat16),
+                 ("persistent", torch.float16), ("warptiled", torch.float32)]
+
+
+@pytest.mark.parametrize("kernel, dtype", CHUNKED_RUNGS, ids=[f"{k}-{str(d)[6:]}" for k, d in CHUNKED_RUNGS])
 @pytest.mark.parametrize("layout", ["row-major", "linear-weight", "transposed-a", "ld4097", "offset"])
 def test_layouts_that_need_a_copy_or_not(pm, kernel, dtype, layout):
+    """Every layout users pass to the rungs that load 16-byte chunks, with tails in M, N and K."""
     m, n, k = 300, 260, 4097
     gen_a = torch.randn(m + 1, k + 7, device="cuda", dtype=dtype)
     gen_b = torch.randn(k + 1, n + 7, device="cuda", dtype=dtype)
@@ -80,22 +84,24 @@ def test_layouts_that_need_a_copy_or_not(pm, kernel, dtype, layout):
     assert matmul_error(out, a, b) < TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("kernel", TENSOR_CORE_RUNGS)
+@pytest.mark.parametrize("kernel, dtype", CHUNKED_RUNGS[::2], ids=[f"{k}-{str(d)[6:]}" for k, d in CHUNKED_RUNGS[::2]])
 @pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (128, 4096, 512), (129, 8, 8200), (2048, 2048, 31)])
-def test_tile_size_boundaries(pm, kernel, m, n, k):
+def test_tile_size_boundaries(pm, kernel, dtype, m, n, k):
     """Shapes around the large/small tile switch and with K tails inside a 16-byte chunk."""
-    a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
-    out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+    a, b = random_operands(m, n, k, dtype, "cuda")
+    out = poison(torch.empty(m, n, device="cuda", dtype=dtype))
     pm.matmul(a, b, kernel=kernel, out=out)
     torch.cuda.synchronize()
     assert nan_count(out) == 0
-    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+    assert matmul_error(out, a, b) < TOLERANCE[dtype]
 
 
 def test_tensor_core_rung_rejects_float32(pm):
     a = torch.randn(8, 8, device="cuda")
     with pytest.raises(TypeError, match="does not take torch.float32"):
         pm.matmul(a, a, kernel="tiled")
+    with pytest.raises(TypeError, match="does not take torch.bfloat16"):
+        pm.matmul(a.bfloat16(), a.bfloat16(), kernel="warptiled")
 
 
 def test_timeline_needs_a_tensor_core_rung(pm):

@@ -30,7 +30,7 @@ def layouts(m: int, n: int, k: int):
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (7, 9, 5), (64, 64, 64), (65, 129, 4097), (3, 4104, 1)])
 def test_prepared_operands_take_the_fast_path_and_keep_their_values(pm, m, n, k):
     for name, a, b in layouts(m, n, k):
-        pa, pb = pm._matmul.tensor_core_operands(a, b)
+        pa, pb = pm._matmul.kernel_operands(a, b, 8)
         assert fast_path_ok(pa, pb), name
         assert torch.equal(pa, a) and torch.equal(pb, b), name
 
@@ -38,12 +38,12 @@ def test_prepared_operands_take_the_fast_path_and_keep_their_values(pm, m, n, k)
 def test_operands_already_in_layout_are_not_copied(pm):
     a = torch.randn(64, 4096, dtype=torch.float16)
     for b in (torch.randn(4096, 256, dtype=torch.float16), torch.randn(256, 4096, dtype=torch.float16).t()):
-        pa, pb = pm._matmul.tensor_core_operands(a, b)
+        pa, pb = pm._matmul.kernel_operands(a, b, 8)
         assert pa.data_ptr() == a.data_ptr() and pb.data_ptr() == b.data_ptr()
 
 
 def test_unaligned_leading_dimension_gets_a_padded_copy(pm):
     a = torch.randn(4097, 4097, dtype=torch.bfloat16)  # ld 4097: rows not 16-byte aligned
-    pa, _ = pm._matmul.tensor_core_operands(a, torch.randn(4097, 8, dtype=torch.bfloat16))
+    pa, _ = pm._matmul.kernel_operands(a, torch.randn(4097, 8, dtype=torch.bfloat16), 8)
     assert pa.data_ptr() != a.data_ptr()
     assert pa.stride() == (4104, 1)

@@ -122,6 +122,16 @@ void naive_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bia
   run(persistent_matmul::launch_naive, a, b, bias, out);
 }
 
+void warptiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out) {
+  const MatmulProblem problem = describe(a, b, bias, out);
+  STD_TORCH_CHECK(problem.dtype == ElementType::kFloat32, "persistent_matmul: warptiled takes float32 only");
+  STD_TORCH_CHECK(persistent_matmul::cuda_core_operands_ok(problem),
+                  "persistent_matmul: operand layout not taken by warptiled (A needs K contiguous, B K or N "
+                  "contiguous, leading dims multiples of 4, 16-byte aligned data); persistent_matmul.matmul "
+                  "copies such operands first");
+  launch_on_stream(persistent_matmul::launch_warptiled, problem, a.get_device_index());
+}
+
 void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                   const std::optional<Tensor>& timeline) {
   run_tensor_core(persistent_matmul::launch_tiled, a, b, bias, out, timeline);
@@ -143,6 +153,7 @@ std::vector<int64_t> tile_config(int64_t m, int64_t n, int64_t device) {
 
 STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("naive(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out) -> ()");
+  ops.def("warptiled(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out) -> ()");
   ops.def("tiled(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
   ops.def("persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
   ops.def("tile_config(int m, int n, int device) -> int[]");
@@ -150,6 +161,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
   ops.impl("naive", TORCH_BOX(&naive_op));
+  ops.impl("warptiled", TORCH_BOX(&warptiled_op));
   ops.impl("tiled", TORCH_BOX(&tiled_op));
   ops.impl("persistent", TORCH_BOX(&persistent_op));
 }

@@ -13,6 +13,7 @@
 using torch::stable::Tensor;
 
 void naive_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out);
+void warptiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out);
 
 // Tensor-core rungs. `timeline`, when given, is an int64 [tiles, 6] tensor
 // that the instrumented kernel fills with one row per output tile:

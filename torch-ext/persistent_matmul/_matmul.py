@@ -38,33 +38,33 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
 
 
-def _padded_copy(t: torch.Tensor, contiguous_dim: int) -> torch.Tensor:
+def _padded_copy(t: torch.Tensor, contiguous_dim: int, chunk: int) -> torch.Tensor:
     """A copy of 2-D t, contiguous along contiguous_dim, with the other stride
-    rounded up to a multiple of 8 elements (16 bytes)."""
+    rounded up to a multiple of `chunk` elements (16 bytes)."""
     rows, cols = (t.shape[0], t.shape[1]) if contiguous_dim == 1 else (t.shape[1], t.shape[0])
-    padded = -(-cols // 8) * 8
-    buffer = torch.empty((rows, max(padded, 8)), dtype=t.dtype, device=t.device)[:, :cols]
+    padded = -(-cols // chunk) * chunk
+    buffer = torch.empty((rows, max(padded, chunk)), dtype=t.dtype, device=t.device)[:, :cols]
     buffer.copy_(t if contiguous_dim == 1 else t.t())
     return buffer if contiguous_dim == 1 else buffer.t()
 
 
-def tensor_core_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """a and b as the tensor-core rungs read them, copying only what they can't.
+def kernel_operands(a: torch.Tensor, b: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """a and b as the rungs that load 16-byte chunks read them, copying only what they can't.
 
     A must be K-contiguous, B K- or N-contiguous, with leading dims that are
-    multiples of 8 elements and 16-byte aligned data (see
-    csrc/tensor_core_launch.cuh, which checks the same conditions). A
-    transposed A, a leading dimension like 4097, or an odd offset gets a padded
-    copy, so every shape takes the fast path.
+    multiples of `chunk` elements (16 bytes) and 16-byte aligned data (the
+    same conditions as tensor_core_operands_ok / cuda_core_operands_ok in
+    csrc/). A transposed A, a leading dimension like 4097, or an odd offset
+    gets a padded copy, so every shape takes the fast path.
     """
     m, k = a.shape
     n = b.shape[1]
-    if not (_aligned(a) and (a.stride(1) == 1 or k == 1) and (m == 1 or a.stride(0) % 8 == 0)):
-        a = _padded_copy(a, contiguous_dim=1)
-    k_major = (b.stride(0) == 1 or k == 1) and (n == 1 or b.stride(1) % 8 == 0)
-    n_major = (b.stride(1) == 1 or n == 1) and (k == 1 or b.stride(0) % 8 == 0)
+    if not (_aligned(a) and (a.stride(1) == 1 or k == 1) and (m == 1 or a.stride(0) % chunk == 0)):
+        a = _padded_copy(a, contiguous_dim=1, chunk=chunk)
+    k_major = (b.stride(0) == 1 or k == 1) and (n == 1 or b.stride(1) % chunk == 0)
+    n_major = (b.stride(1) == 1 or n == 1) and (k == 1 or b.stride(0) % chunk == 0)
     if not (_aligned(b) and (k_major or n_major)):
-        b = _padded_copy(b, contiguous_dim=0 if b.stride(0) == 1 else 1)
+        b = _padded_copy(b, contiguous_dim=0 if b.stride(0) == 1 else 1, chunk=chunk)
     return a, b
 
 
@@ -93,8 +93,9 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
         if bias is not None:
             out.add_(bias)
         return out
-    if rung.tensor_core:
-        a, b = tensor_core_operands(a, b)
+    if rung.chunk_elements:
+        a, b = kernel_operands(a, b, rung.chunk_elements)
+    if rung.has_timeline:
         getattr(ops, rung.op_name)(a, b, bias, out, timeline)
     else:
         getattr(ops, rung.op_name)(a, b, bias, out)
@@ -179,8 +180,8 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
     check_tensor(a, "a", 2)
     check_tensor(b, "b", 2)
     _check_kernel_name(kernel)
-    if kernel not in RUNGS or not RUNGS[kernel].tensor_core:
-        names = ", ".join(n for n, r in RUNGS.items() if r.tensor_core)
+    if kernel not in RUNGS or not RUNGS[kernel].has_timeline:
+        names = ", ".join(n for n, r in RUNGS.items() if r.has_timeline)
         raise ValueError(f"kernel {kernel!r} has no instrumented build; choose one of: {names}")
     if a.shape[1] != b.shape[0]:
         raise ValueError(

@@ -19,9 +19,12 @@ class Rung:
     # Set for arch-specific code (sm_90a): runs on exactly this capability.
     exact_capability: tuple[int, int] | None
     summary: str
-    # Tensor-core rungs read operands in a restricted layout (the caller copies
-    # others first) and have an instrumented build that records a timeline.
-    tensor_core: bool = False
+    # Operand elements per 16 bytes when the rung reads operands in a
+    # restricted layout (K- or N-contiguous, aligned rows; the caller copies
+    # others first); 0 when any strides are taken.
+    chunk_elements: int = 0
+    # Whether an instrumented build records a timeline (tensor-core rungs).
+    has_timeline: bool = False
 
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -39,13 +42,23 @@ RUNGS: dict[str, Rung] = {
             summary="one thread per output element, fp32 accumulate",
         ),
         Rung(
+            name="warptiled",
+            op_name="warptiled",
+            dtypes=(torch.float32,),
+            min_capability=(8, 0),
+            exact_capability=None,
+            summary="fp32 on CUDA cores: 128x128 block tile, 32x64 warp tiles, 8x8 thread tiles, double buffered",
+            chunk_elements=4,
+        ),
+        Rung(
             name="tiled",
             op_name="tiled",
             dtypes=HALF_DTYPES,
             min_capability=(8, 0),
             exact_capability=None,
             summary="tensor cores (mma.sync, ldmatrix, cp.async pipeline), one CTA per output tile",
-            tensor_core=True,
+            chunk_elements=8,
+            has_timeline=True,
         ),
         Rung(
             name="persistent",
@@ -54,13 +67,14 @@ RUNGS: dict[str, Rung] = {
             min_capability=(8, 0),
             exact_capability=None,
             summary="the tiled tile code, one wave of CTAs looping over tiles; next tile's loads overlap the epilogue",
-            tensor_core=True,
+            chunk_elements=8,
+            has_timeline=True,
         ),
     )
 }
 
 # Best first: `kernel="auto"` takes the first available rung that takes the dtype.
-AUTO_ORDER = ("persistent", "tiled", "naive")
+AUTO_ORDER = ("persistent", "tiled", "warptiled", "naive")
 
 
 @dataclass(frozen=True)
