@@ -100,7 +100,7 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t dst) {
 // A chunk that straddles the end of a row (the last `valid` < 8 elements of a
 // dimension that is not a multiple of 8): read the valid elements one by one,
 // so nothing past the tensor is touched, and zero the rest.
-__device__ __forceinline__ void copy_partial_chunk(uint32_t dst, const char* src, int64_t valid) {
+static __device__ __noinline__ void copy_partial_chunk(uint32_t dst, const char* src, int64_t valid) {
   const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
   uint32_t w[4];
 #pragma unroll

@@ -90,11 +90,14 @@ def write_ninja(config: BuildConfig, tc: Toolchain, work: Path, jobs: int) -> Pa
     w.rule("cc", "$cc $flags -c $in -o $out", description="$desc")
     w.rule("link", "$cxx -shared -o $out $in $ldflags", description="$desc")
 
+    # Fatbins several times smaller than nvcc's default compression (the option
+    # exists from CUDA 12.8; drivers for those toolkits read the result).
+    compress = ["--compress-mode=size"] if tc.cuda_version >= (12, 8) else []
     objects = []
     for section in config.kernels:
         includes = [f"-I{repo / d}" for d in section.include]
         nvcc_flags = [
-            "-O3", std, "-lineinfo", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+            "-O3", std, "-lineinfo", *compress, "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
             f"--threads={jobs}", f"--pre-include={compat_h}", *defines, *includes, *system_includes,
             *archs.gencode_flags(section.cuda_capabilities), *section.cuda_flags,
         ]
