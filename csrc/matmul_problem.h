@@ -27,6 +27,8 @@ struct MatmulProblem {
   // Instrumented launches only: one TileRecord per output tile (see
   // tensor_core_tile.cuh), nullptr for the normal path.
   void* timeline = nullptr;
+  // `persistent` only: 0 = grouped tile order, 1 = Hilbert (tile_scheduler.cuh).
+  int32_t tile_order = 0;
 };
 
 // How the tensor-core rungs cut a problem into output tiles on this device.

@@ -3,7 +3,7 @@
 // Over `tiled`, the grid is only as large as what fits on the GPU at once
 // (SM count x CTAs per SM, both read at run time), and each CTA walks output
 // tiles t = blockIdx.x, blockIdx.x + gridDim.x, ... in the same grouped order
-// (tile_scheduler in tensor_core_tile.cuh). There are no waves and no launch
+// (or a Hilbert order; tile_scheduler.cuh). There are no waves and no launch
 // of a new CTA per tile: a CTA that finishes a tile starts the cp.async loads
 // of its next tile first, then writes the finished tile's results, so the
 // next tile's loads overlap this tile's epilogue.
@@ -17,10 +17,9 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_ke
   extern __shared__ __align__(128) char smem[];
   using Tile = tc::Tile<Shape, B_KMAJOR>;
   const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
-  const int tiles = tiles_m * tiles_n;
-  int t = blockIdx.x;
-  if (t >= tiles) return;
-  tc::TileCoord c = tc::grouped_tile(t, tiles_m, tiles_n);
+  tc::TileScheduler scheduler(tiles_m, tiles_n, static_cast<tc::TileOrder>(p.tile_order));
+  tc::TileCoord c;
+  if (!scheduler.next(c)) return;
   Tile::prologue(op, smem, c.m, c.n);
   while (true) {
     const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
@@ -28,22 +27,18 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_ke
     Tile::template mainloop<T>(op, smem, c.m, c.n, acc);
     // The shared-memory buffers are free now: start the next tile's loads
     // before spending time on this tile's stores.
-    const int next = t + gridDim.x;
-    tc::TileCoord next_c = c;
-    if (next < tiles) {
-      next_c = tc::grouped_tile(next, tiles_m, tiles_n);
-      Tile::prologue(op, smem, next_c.m, next_c.n);
-    }
+    tc::TileCoord next_c;
+    const bool more = scheduler.next(next_c);
+    if (more) Tile::prologue(op, smem, next_c.m, next_c.n);
     Tile::template epilogue<T>(p, c.m, c.n, acc);
     if constexpr (TIMELINE) {
       __syncthreads();
       if (threadIdx.x == 0) {
-        static_cast<tc::TileRecord*>(p.timeline)[t] = {c.m, c.n, tc::sm_id(), blockIdx.x, start,
-                                                       tc::global_timer_ns()};
+        static_cast<tc::TileRecord*>(p.timeline)[int64_t(c.m) * tiles_n + c.n] = {
+            c.m, c.n, tc::sm_id(), blockIdx.x, start, tc::global_timer_ns()};
       }
     }
-    if (next >= tiles) break;
-    t = next;
+    if (!more) break;
     c = next_c;
   }
 }

@@ -25,6 +25,7 @@
 
 #include "device_helpers.cuh"
 #include "matmul_problem.h"
+#include "tile_scheduler.cuh"
 
 namespace persistent_matmul {
 namespace tc {
@@ -306,22 +307,6 @@ struct Tile {
     }
   }
 };
-
-// Output tile `t` in grouped order: GROUP_M tile rows are walked column by
-// column, so consecutive tiles share A rows and B columns in L2.
-// Tile counts fit in 32 bits: an output holds at most ~2^36 elements (all of
-// a GPU's memory) and a tile at least 2^12.
-struct TileCoord {
-  int m, n;
-};
-__host__ __device__ __forceinline__ TileCoord grouped_tile(int t, int tiles_m, int tiles_n) {
-  constexpr int GROUP_M = 8;
-  const int tiles_per_group = GROUP_M * tiles_n;
-  const int first_m = (t / tiles_per_group) * GROUP_M;
-  const int group_rows = min(GROUP_M, tiles_m - first_m);
-  const int in_group = t % tiles_per_group;
-  return {first_m + in_group % group_rows, in_group / group_rows};
-}
 
 // One record of the instrumented builds: which SM ran an output tile, when.
 struct TileRecord {

@@ -28,7 +28,8 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) tiled_kernel(
   if constexpr (TIMELINE) {
     __syncthreads();
     if (threadIdx.x == 0) {
-      static_cast<tc::TileRecord*>(p.timeline)[t] = {c.m, c.n, tc::sm_id(), t, start, tc::global_timer_ns()};
+      static_cast<tc::TileRecord*>(p.timeline)[int64_t(c.m) * tiles_n + c.n] = {c.m, c.n, tc::sm_id(), t, start,
+                                                                              tc::global_timer_ns()};
     }
   }
 }

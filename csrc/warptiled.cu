@@ -2,7 +2,7 @@
 //
 // Over `naive`, which reads two global values per FMA, every operand value is
 // reused many times from fast memory:
-// * block tile: a CTA computes a 128x128 output tile; each 16-deep k-tile of A
+// * block tile: a CTA computes a 128x128 output tile; each 8-deep k-tile of A
 //   and B is read from global memory once, with 16-byte loads, into shared
 //   memory (A stored transposed, so threads read it along M with 16-byte loads
 //   too). Two shared-memory buffers: the next k-tile is fetched into registers
@@ -11,7 +11,8 @@
 //   shared-memory reads are broadcasts (A) or one contiguous 128-byte line (B),
 //   free of bank conflicts.
 // * thread tile: each thread accumulates an 8x8 block (2x2 sub-blocks of 4x4)
-//   in registers: per k step it loads 2 + 2 float4 and does 64 FMAs.
+//   in registers: per k step it loads 2 + 2 float4 and does 64 FMAs. At 128
+//   registers two CTAs (16 warps) share an SM.
 // Edges: chunks past M, N or K are zeros; a chunk cut by an edge is read
 // element by element. Operands arrive K-contiguous (A, and B when stored
 // K-major) or N-contiguous (B row-major) with 16-byte-aligned rows; the host
@@ -22,12 +23,15 @@
 namespace persistent_matmul {
 namespace {
 
-constexpr int BM = 128, BN = 128, BK = 16;
+constexpr int BM = 128, BN = 128, BK = 8;
 constexpr int THREADS = 256;
 constexpr int WARPS_N = 2;            // warps tile the block 4 (M) x 2 (N): 32x64 each
 constexpr int WM = 32, WN = 64;
 constexpr int PAD = 4;                // shared rows of 132 floats: transposed stores hit distinct banks
-constexpr int CHUNKS_A = BM * BK / 4 / THREADS;  // float4 chunks each thread loads per k-tile: 2
+constexpr int CHUNKS_A = BM * BK / 4 / THREADS;  // float4 chunks each thread loads per k-tile, per operand
+constexpr int K_CHUNKS = BK / 4;                   // float4 chunks along K in a row of A (or K-major B)
+constexpr int N_CHUNKS = BN / 4;                   // float4 chunks along N in a row of N-major B
+static_assert(CHUNKS_A >= 1 && BM * BK / 4 % THREADS == 0, "every thread loads whole chunks");
 
 struct SharedTiles {
   float a[2][BK][BM + PAD];  // a[.][k][m]
@@ -45,9 +49,9 @@ __device__ __forceinline__ float4 load_chunk(const float* src, int64_t valid) {
 }
 
 // The k-tile a thread fetches: for an operand stored "rows x contiguous k"
-// (A, or B K-major), chunk c of thread t is row (t + c*THREADS) / 4, k-chunk
-// (t + c*THREADS) % 4. For B N-major, row k = (t + c*THREADS) / 32 and
-// n-chunk (t + c*THREADS) % 32.
+// (A, or B K-major), chunk c of thread t is row (t + c*THREADS) / K_CHUNKS,
+// k-chunk (t + c*THREADS) % K_CHUNKS. For B N-major, row k is
+// (t + c*THREADS) / N_CHUNKS and n-chunk (t + c*THREADS) % N_CHUNKS.
 struct Fetched {
   float4 a[CHUNKS_A];
   float4 b[CHUNKS_A];
@@ -61,13 +65,13 @@ __device__ __forceinline__ void fetch(const MatmulProblem& p, int64_t tile_m, in
 #pragma unroll
   for (int c = 0; c < CHUNKS_A; ++c) {
     const int idx = threadIdx.x + c * THREADS;
-    const int64_t m = tile_m * BM + idx / 4, k = k0 + (idx % 4) * 4;
+    const int64_t m = tile_m * BM + idx / K_CHUNKS, k = k0 + (idx % K_CHUNKS) * 4;
     f.a[c] = m < p.m ? load_chunk(a + m * p.a_stride_m + k, p.k - k) : make_float4(0.f, 0.f, 0.f, 0.f);
     if constexpr (B_KMAJOR) {
-      const int64_t n = tile_n * BN + idx / 4;
+      const int64_t n = tile_n * BN + idx / K_CHUNKS;
       f.b[c] = n < p.n ? load_chunk(b + n * p.b_stride_n + k, p.k - k) : make_float4(0.f, 0.f, 0.f, 0.f);
     } else {
-      const int64_t kb = k0 + idx / 32, n = tile_n * BN + (idx % 32) * 4;
+      const int64_t kb = k0 + idx / N_CHUNKS, n = tile_n * BN + (idx % N_CHUNKS) * 4;
       f.b[c] = kb < p.k ? load_chunk(b + kb * p.b_stride_k + n, p.n - n) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
@@ -78,7 +82,7 @@ __device__ __forceinline__ void store(SharedTiles& s, int buf, const Fetched& f)
 #pragma unroll
   for (int c = 0; c < CHUNKS_A; ++c) {
     const int idx = threadIdx.x + c * THREADS;
-    const int row = idx / 4, k = (idx % 4) * 4;
+    const int row = idx / K_CHUNKS, k = (idx % K_CHUNKS) * 4;
     s.a[buf][k + 0][row] = f.a[c].x;
     s.a[buf][k + 1][row] = f.a[c].y;
     s.a[buf][k + 2][row] = f.a[c].z;
@@ -89,13 +93,13 @@ __device__ __forceinline__ void store(SharedTiles& s, int buf, const Fetched& f)
       s.b[buf][k + 2][row] = f.b[c].z;
       s.b[buf][k + 3][row] = f.b[c].w;
     } else {
-      *reinterpret_cast<float4*>(&s.b[buf][idx / 32][(idx % 32) * 4]) = f.b[c];
+      *reinterpret_cast<float4*>(&s.b[buf][idx / N_CHUNKS][(idx % N_CHUNKS) * 4]) = f.b[c];
     }
   }
 }
 
 template <bool B_KMAJOR>
-__global__ void __launch_bounds__(THREADS) warptiled_kernel(MatmulProblem p) {
+__global__ void __launch_bounds__(THREADS, 2) warptiled_kernel(MatmulProblem p) {
   __shared__ __align__(16) SharedTiles s;
   const int64_t tile_m = blockIdx.x, tile_n = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

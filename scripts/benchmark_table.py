@@ -67,6 +67,9 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
     def runner(name):
         if name == "torch.matmul":
             return lambda i: torch.matmul(*inputs[i % sets], out=out)
+        if name == "persistent-hilbert":  # the persistent rung with its Hilbert tile order
+            prepared = [pm._matmul.kernel_operands(a, b, 8) for a, b in inputs]
+            return lambda i: pm._matmul.ops.persistent(*prepared[i % sets], None, out, None, 1)
         return lambda i: pm.matmul(*inputs[i % sets], kernel=name, out=out)
 
     row = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "input_sets": sets, "results": {}}
@@ -154,6 +157,8 @@ def main() -> int:
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         rungs = [n for n in (args.rungs or available) if n in available and dtype in available[n].dtypes]
+        if "persistent" in rungs:
+            rungs.append("persistent-hilbert")
         for m, n, k in args.shapes:
             row = bench_shape(pm, m, n, k, dtype, rungs, tf32=False)
             rows.append(row)
@@ -161,6 +166,8 @@ def main() -> int:
                   {name: round(r.get("tflops", 0), 1) for name, r in row["results"].items()}, flush=True)
     env["clocks_at_end"] = gpu_clocks()
     columns = [n for n in (args.rungs or available) if n in available]
+    if "persistent" in columns:
+        columns.append("persistent-hilbert")
     text = markdown(env, rows, columns)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}-{args.tag}"

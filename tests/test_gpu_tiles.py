@@ -17,13 +17,16 @@ TENSOR_CORE_RUNGS = ["tiled", "persistent"]
 TIMELINE_SHAPES = [(1, 1, 1), (129, 65, 70), (1000, 1000, 1000), (4097, 4097, 256), (8192, 8192, 64)]
 
 
-@pytest.mark.parametrize("kernel", TENSOR_CORE_RUNGS)
+TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent", "hilbert")]
+
+
+@pytest.mark.parametrize("kernel, order", TIMELINE_RUNS, ids=[f"{k}-{o}" for k, o in TIMELINE_RUNS])
 @pytest.mark.parametrize("m, n, k", TIMELINE_SHAPES)
-def test_timeline_covers_every_tile_once(pm, kernel, m, n, k):
+def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
     if not pm.available_kernels()[kernel].available:
         pytest.skip(pm.available_kernels()[kernel].reason)
     a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
-    out, timeline = pm.matmul_timeline(a, b, kernel=kernel)
+    out, timeline = pm.matmul_timeline(a, b, kernel=kernel, tile_order=order)
     torch.cuda.synchronize()
     assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
     cfg = pm.tile_config(m, n)

@@ -20,8 +20,9 @@ void warptiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>&
 // (tile_m, tile_n, sm id, CTA index, start ns, end ns) from %globaltimer.
 void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                   const std::optional<Tensor>& timeline);
+// tile_order: 0 = grouped, 1 = Hilbert (csrc/tile_scheduler.cuh).
 void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-                       const std::optional<Tensor>& timeline);
+                   const std::optional<Tensor>& timeline, int64_t tile_order);
 
 // [block_m, block_n, block_k, tiles, persistent CTAs] for an m x n output on `device`.
 std::vector<int64_t> tile_config(int64_t m, int64_t n, int64_t device);

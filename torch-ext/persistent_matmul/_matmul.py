@@ -68,8 +68,14 @@ def kernel_operands(a: torch.Tensor, b: torch.Tensor, chunk: int) -> tuple[torch
     return a, b
 
 
+# Tile orders of the persistent rung's scheduler (csrc/tile_scheduler.cuh).
+TILE_ORDERS = {"grouped": 0, "hilbert": 1}
+DEFAULT_TILE_ORDER = "grouped"
+
+
 def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
-         kernel: str, names: tuple[str, str] = ("a", "b"), timeline: torch.Tensor | None = None) -> torch.Tensor:
+         kernel: str, names: tuple[str, str] = ("a", "b"), timeline: torch.Tensor | None = None,
+         tile_order: str = DEFAULT_TILE_ORDER) -> torch.Tensor:
     """a (M x K) @ b (K x N) (+ bias) into out, after the per-argument checks.
 
     ``names`` are the caller's names for a and b, used in error messages.
@@ -95,7 +101,9 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
         return out
     if rung.chunk_elements:
         a, b = kernel_operands(a, b, rung.chunk_elements)
-    if rung.has_timeline:
+    if rung.name == "persistent":
+        ops.persistent(a, b, bias, out, timeline, TILE_ORDERS[tile_order])
+    elif rung.has_timeline:
         getattr(ops, rung.op_name)(a, b, bias, out, timeline)
     else:
         getattr(ops, rung.op_name)(a, b, bias, out)
@@ -168,9 +176,12 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None) -> dic
 TIMELINE_COLUMNS = ("tile_m", "tile_n", "sm", "cta", "start_ns", "end_ns")
 
 
-def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persistent"
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persistent",
+                    tile_order: str = DEFAULT_TILE_ORDER) -> tuple[torch.Tensor, torch.Tensor]:
     """``a @ b`` through the instrumented build of a tensor-core rung.
+
+    ``tile_order`` ("grouped" or "hilbert") is the persistent rung's tile
+    order; ``tiled`` always runs in grouped order.
 
     Returns (out, timeline): timeline is int64 [tiles, 6], one row per output
     tile with the columns of TIMELINE_COLUMNS, read from %smid and
@@ -187,10 +198,12 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
         raise ValueError(
             f"inner dimensions differ: a is {a.shape[0]}x{a.shape[1]} and b is {b.shape[0]}x{b.shape[1]}"
         )
+    if tile_order not in TILE_ORDERS:
+        raise ValueError(f"unknown tile_order {tile_order!r}; choose one of: {', '.join(TILE_ORDERS)}")
     if min(a.shape[0], a.shape[1], b.shape[1]) == 0:
         raise ValueError(f"matmul_timeline needs M, N and K >= 1, got a {tuple(a.shape)} and b {tuple(b.shape)}")
     device = check_cuda({"a": a, "b": b})
     tiles = tile_config(a.shape[0], b.shape[1], device)["tiles"]
     timeline = torch.full((tiles, len(TIMELINE_COLUMNS)), -1, dtype=torch.int64, device=device)
-    out = _run(a, b, None, None, kernel, timeline=timeline)
+    out = _run(a, b, None, None, kernel, timeline=timeline, tile_order=tile_order)
     return out, timeline

@@ -1,0 +1,92 @@
+// The order in which output tiles are computed, shared by `tiled` (one CTA
+// per tile, tile = blockIdx.x) and `persistent` (each CTA walks tiles
+// blockIdx.x, blockIdx.x + gridDim.x, ...).
+//
+// Grouped order walks GROUP_M tile rows column by column, so tiles that run
+// at the same time share rows of A and columns of B in L2. Hilbert order
+// (persistent only) walks a Hilbert curve over the smallest power-of-two
+// square that covers the tile grid, skipping cells outside it: neighbouring
+// indices are neighbouring tiles in both directions.
+#pragma once
+
+#include <cstdint>
+
+namespace persistent_matmul {
+namespace tc {
+
+// Tile counts fit in 32 bits: an output holds at most ~2^36 elements (all of
+// a GPU's memory) and a tile at least 2^12.
+struct TileCoord {
+  int m, n;
+};
+
+enum class TileOrder : int32_t { kGrouped = 0, kHilbert = 1 };
+
+__host__ __device__ __forceinline__ TileCoord grouped_tile(int t, int tiles_m, int tiles_n) {
+  constexpr int GROUP_M = 8;
+  const int tiles_per_group = GROUP_M * tiles_n;
+  const int first_m = (t / tiles_per_group) * GROUP_M;
+  const int group_rows = min(GROUP_M, tiles_m - first_m);
+  const int in_group = t % tiles_per_group;
+  return {first_m + in_group % group_rows, in_group / group_rows};
+}
+
+// Cell d of the Hilbert curve over a side x side square (side a power of two).
+__host__ __device__ __forceinline__ TileCoord hilbert_cell(int64_t d, int side) {
+  int x = 0, y = 0;
+  for (int s = 1; s < side; s *= 2) {
+    const int rx = 1 & int(d / 2);
+    const int ry = 1 & int(d ^ rx);
+    if (ry == 0) {  // rotate the quadrant
+      if (rx == 1) {
+        x = s - 1 - x;
+        y = s - 1 - y;
+      }
+      const int swap = x;
+      x = y;
+      y = swap;
+    }
+    x += s * rx;
+    y += s * ry;
+    d /= 4;
+  }
+  return {y, x};
+}
+
+// The tiles one persistent CTA computes, in the chosen order.
+class TileScheduler {
+ public:
+  __device__ TileScheduler(int tiles_m, int tiles_n, TileOrder order)
+      : tiles_m_(tiles_m), tiles_n_(tiles_n), order_(order), next_(blockIdx.x) {
+    if (order == TileOrder::kHilbert) {
+      side_ = 1;
+      while (side_ < tiles_m || side_ < tiles_n) side_ *= 2;
+      end_ = int64_t(side_) * side_;
+    } else {
+      side_ = 0;
+      end_ = int64_t(tiles_m) * tiles_n;
+    }
+  }
+
+  // The CTA's next tile; false when it has none left.
+  __device__ bool next(TileCoord& tile) {
+    for (; next_ < end_; next_ += gridDim.x) {
+      tile = order_ == TileOrder::kHilbert ? hilbert_cell(next_, side_)
+                                           : grouped_tile(int(next_), tiles_m_, tiles_n_);
+      if (tile.m < tiles_m_ && tile.n < tiles_n_) {
+        next_ += gridDim.x;
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  int tiles_m_, tiles_n_;
+  TileOrder order_;
+  int side_;
+  int64_t next_, end_;
+};
+
+}  // namespace tc
+}  // namespace persistent_matmul
