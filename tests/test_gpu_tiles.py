@@ -17,7 +17,7 @@ TENSOR_CORE_RUNGS = ["tiled", "persistent"]
 TIMELINE_SHAPES = [(1, 1, 1), (129, 65, 70), (1000, 1000, 1000), (4097, 4097, 256), (8192, 8192, 64)]
 
 
-TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent", "hilbert")]
+TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent", "hilbert"), ("persistent", "auto")]
 
 
 @pytest.mark.parametrize("kernel, order", TIMELINE_RUNS, ids=[f"{k}-{o}" for k, o in TIMELINE_RUNS])
@@ -40,7 +40,11 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
     assert int(sm.min()) >= 0 and int(sm.max()) < torch.cuda.get_device_properties(0).multi_processor_count
     ctas = set(cta.tolist())
     if kernel == "persistent":
-        assert len(ctas) == cfg["persistent_ctas"] <= cfg["tiles"], "grid = the CTAs tile_config reports"
+        if order == "grouped":
+            assert len(ctas) == cfg["persistent_ctas"] <= cfg["tiles"], "grid = the CTAs tile_config reports"
+        else:  # Hilbert strides CTAs over a covering square: a CTA may get no tile
+            assert len(ctas) <= cfg["persistent_ctas"] <= cfg["tiles"]
+            assert max(ctas) < cfg["persistent_ctas"], "no CTA beyond the grid tile_config reports"
         # A CTA's tiles run one after another.
         for c in ctas:
             mine = rows[cta == c]
