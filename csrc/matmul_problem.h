@@ -27,7 +27,7 @@ struct MatmulProblem {
   // Instrumented launches only: one TileRecord per output tile (see
   // tensor_core_tile.cuh), nullptr for the normal path.
   void* timeline = nullptr;
-  // `persistent` only: 0 = grouped tile order, 1 = Hilbert, 2 = auto (tile_scheduler.cuh).
+  // `persistent` only: 0 = grouped tile order, 1 = Hilbert (tile_scheduler.cuh).
   int32_t tile_order = 0;
 };
 

@@ -20,11 +20,12 @@ struct TileCoord {
   int m, n;
 };
 
-// kAuto: Hilbert when the tile grid is at most twice as long as it is wide,
-// else grouped. On a long, thin grid most cells of the covering square lie
-// outside it, and striding CTAs over the square would give some CTAs several
-// tiles and others none (measured: 3x slower at 128x4096x4096).
-enum class TileOrder : int32_t { kGrouped = 0, kHilbert = 1, kAuto = 2 };
+// Grouped measured faster than Hilbert on 8 of the 11 benchmark shapes on the
+// H200 (benchmarks/results/2026-11-29-benchmark.md) and is the default. On a
+// long, thin tile grid most cells of Hilbert's covering square lie outside
+// it, and striding CTAs over the square gives some CTAs several tiles and
+// others none (3x slower at 128x4096x4096).
+enum class TileOrder : int32_t { kGrouped = 0, kHilbert = 1 };
 
 __host__ __device__ __forceinline__ TileCoord grouped_tile(int t, int tiles_m, int tiles_n) {
   constexpr int GROUP_M = 8;
@@ -62,10 +63,6 @@ class TileScheduler {
  public:
   __device__ TileScheduler(int tiles_m, int tiles_n, TileOrder order)
       : tiles_m_(tiles_m), tiles_n_(tiles_n), order_(order), next_(blockIdx.x) {
-    if (order_ == TileOrder::kAuto) {
-      const bool squarish = tiles_m <= 2 * tiles_n && tiles_n <= 2 * tiles_m;
-      order_ = squarish ? TileOrder::kHilbert : TileOrder::kGrouped;
-    }
     if (order_ == TileOrder::kHilbert) {
       side_ = 1;
       while (side_ < tiles_m || side_ < tiles_n) side_ *= 2;

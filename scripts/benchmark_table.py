@@ -83,10 +83,8 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
     def runner(name):
         if name == "torch.matmul":
             return lambda i: torch.matmul(*inputs[i % sets], out=out)
-        if name.startswith("persistent-"):  # the persistent rung with a fixed tile order
-            order = pm._matmul.TILE_ORDERS[name.removeprefix("persistent-")]
-            prepared = [pm._matmul.kernel_operands(a, b, 8) for a, b in inputs]
-            return lambda i: pm._matmul.ops.persistent(*prepared[i % sets], None, out, None, order)
+        if name == "persistent-hilbert":  # the persistent rung in Hilbert tile order, through matmul's path
+            return lambda i: pm._matmul._run(*inputs[i % sets], None, out, "persistent", tile_order="hilbert")
         return lambda i: pm.matmul(*inputs[i % sets], kernel=name, out=out)
 
     row = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "input_sets": sets, "results": {}}
@@ -176,7 +174,7 @@ def main() -> int:
         dtype = getattr(torch, dtype_name)
         rungs = [n for n in (args.rungs or available) if n in available and dtype in available[n].dtypes]
         if "persistent" in rungs:
-            rungs += ["persistent-grouped", "persistent-hilbert"]
+            rungs.append("persistent-hilbert")
         for m, n, k in args.shapes:
             row = bench_shape(pm, m, n, k, dtype, rungs, tf32=False)
             rows.append(row)
@@ -185,7 +183,7 @@ def main() -> int:
     env["clocks_at_end"] = gpu_clocks()
     columns = [n for n in (args.rungs or available) if n in available]
     if "persistent" in columns:
-        columns += ["persistent-grouped", "persistent-hilbert"]
+        columns.append("persistent-hilbert")
     text = markdown(env, rows, columns)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}-{args.tag}"

@@ -139,8 +139,8 @@ void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bia
 
 void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                    const std::optional<Tensor>& timeline, int64_t tile_order) {
-  STD_TORCH_CHECK(tile_order >= 0 && tile_order <= 2,
-                  "persistent_matmul: tile_order must be 0 (grouped), 1 (Hilbert) or 2 (auto), got ", tile_order);
+  STD_TORCH_CHECK(tile_order == 0 || tile_order == 1,
+                  "persistent_matmul: tile_order must be 0 (grouped) or 1 (Hilbert), got ", tile_order);
   MatmulProblem problem = describe(a, b, bias, out);
   prepare_tensor_core(problem, a, timeline);
   problem.tile_order = static_cast<int32_t>(tile_order);
@@ -161,7 +161,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("warptiled(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out) -> ()");
   ops.def("tiled(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
   ops.def(
-      "persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=2) -> ()");
+      "persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=0) -> ()");
   ops.def("tile_config(int m, int n, int device) -> int[]");
 }
 

@@ -20,7 +20,7 @@ void warptiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>&
 // (tile_m, tile_n, sm id, CTA index, start ns, end ns) from %globaltimer.
 void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                   const std::optional<Tensor>& timeline);
-// tile_order: 0 = grouped, 1 = Hilbert, 2 = auto (csrc/tile_scheduler.cuh).
+// tile_order: 0 = grouped, 1 = Hilbert (csrc/tile_scheduler.cuh).
 void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                    const std::optional<Tensor>& timeline, int64_t tile_order);
 

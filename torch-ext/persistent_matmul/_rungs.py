@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -93,21 +94,34 @@ def _capability_problem(rung: Rung, device: torch.device) -> str | None:
     if device.type != "cuda":
         return f"{device} is not a CUDA device"
     capability = torch.cuda.get_device_capability(device)
-    name = torch.cuda.get_device_name(device)
     if rung.exact_capability is not None and capability != rung.exact_capability:
         want = "%d.%d" % rung.exact_capability
-        return f"needs compute capability exactly {want} (arch-specific code); {name} is {capability[0]}.{capability[1]}"
+        return (f"needs compute capability exactly {want} (arch-specific code); "
+                f"{torch.cuda.get_device_name(device)} is {capability[0]}.{capability[1]}")
     if capability < rung.min_capability:
         want = "%d.%d" % rung.min_capability
-        return f"needs compute capability >= {want}; {name} is {capability[0]}.{capability[1]}"
+        return (f"needs compute capability >= {want}; "
+                f"{torch.cuda.get_device_name(device)} is {capability[0]}.{capability[1]}")
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _availability_on_cuda(name: str, index: int) -> KernelAvailability:
+    """Availability on cuda:index, asked once per process: a device's capability
+    does not change, and matmul consults this on every call."""
+    rung = RUNGS[name]
+    problem = _capability_problem(rung, torch.device("cuda", index))
+    if problem is None:
+        return KernelAvailability(name, True, "runs on this device", rung.dtypes)
+    return KernelAvailability(name, False, problem, rung.dtypes)
 
 
 def availability(name: str, device: torch.device | None = None) -> KernelAvailability:
     rung = RUNGS[name]
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cuda")
-    problem = _capability_problem(rung, device)
-    if problem is None:
-        return KernelAvailability(name, True, "runs on this device", rung.dtypes)
-    return KernelAvailability(name, False, problem, rung.dtypes)
+    if device is not None and device.type == "cuda" and device.index is not None:
+        return _availability_on_cuda(name, device.index)
+    if device is None or device.type == "cuda":
+        if torch.cuda.is_available():
+            return _availability_on_cuda(name, torch.cuda.current_device())
+        device = torch.device("cuda")
+    return KernelAvailability(name, False, _capability_problem(rung, device), rung.dtypes)

@@ -90,15 +90,19 @@ def check_out(out, shape: tuple[int, int], dtype: torch.dtype, inputs: dict) -> 
 
 
 def check_cuda(named: dict[str, torch.Tensor]) -> torch.device:
-    """All tensors on one CUDA device; the error says what is wrong and where."""
-    if not torch.cuda.is_available():
-        where = ", ".join(f"{n} is on {t.device}" for n, t in named.items())
-        raise RuntimeError(
-            "persistent_matmul needs a CUDA device, and no CUDA device is present "
-            f"(torch.cuda.is_available() is False; {where})"
-        )
+    """All tensors on one CUDA device; the error says what is wrong and where.
+
+    CUDA tensors prove a device is present, so the (slower) availability query
+    runs only to explain a non-CUDA tensor.
+    """
     for name, t in named.items():
         if t.device.type != "cuda":
+            if not torch.cuda.is_available():
+                where = ", ".join(f"{n} is on {x.device}" for n, x in named.items())
+                raise RuntimeError(
+                    "persistent_matmul needs a CUDA device, and no CUDA device is present "
+                    f"(torch.cuda.is_available() is False; {where})"
+                )
             raise ValueError(f"{name} is on {t.device}; persistent_matmul takes CUDA tensors only")
     devices = {t.device for t in named.values()}
     if len(devices) > 1:
