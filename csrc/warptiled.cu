@@ -48,53 +48,75 @@ __device__ __forceinline__ float4 load_chunk(const float* src, int64_t valid) {
   return v;
 }
 
-// The k-tile a thread fetches: for an operand stored "rows x contiguous k"
-// (A, or B K-major), chunk c of thread t is row (t + c*THREADS) / K_CHUNKS,
-// k-chunk (t + c*THREADS) % K_CHUNKS. For B N-major, row k is
-// (t + c*THREADS) / N_CHUNKS and n-chunk (t + c*THREADS) % N_CHUNKS.
+// The chunk of each k-tile a thread fetches, with its address worked out once
+// per CTA: for an operand stored "rows x contiguous k" (A, or B K-major) the
+// thread owns row threadIdx.x / K_CHUNKS and k-chunk threadIdx.x % K_CHUNKS
+// (CHUNKS_A == 1); for B N-major, k-row threadIdx.x / N_CHUNKS and n-chunk
+// threadIdx.x % N_CHUNKS. Each k-tile then costs a pointer bump and one
+// compare per operand.
+static_assert(CHUNKS_A == 1, "the loader below fetches one chunk per operand and k-tile");
+
 struct Fetched {
-  float4 a[CHUNKS_A];
-  float4 b[CHUNKS_A];
+  float4 a, b;
 };
 
 template <bool B_KMAJOR>
-__device__ __forceinline__ void fetch(const MatmulProblem& p, int64_t tile_m, int64_t tile_n, int64_t k0,
-                                      Fetched& f) {
-  const float* a = static_cast<const float*>(p.a);
-  const float* b = static_cast<const float*>(p.b);
-#pragma unroll
-  for (int c = 0; c < CHUNKS_A; ++c) {
-    const int idx = threadIdx.x + c * THREADS;
-    const int64_t m = tile_m * BM + idx / K_CHUNKS, k = k0 + (idx % K_CHUNKS) * 4;
-    f.a[c] = m < p.m ? load_chunk(a + m * p.a_stride_m + k, p.k - k) : make_float4(0.f, 0.f, 0.f, 0.f);
+struct Loader {
+  const float* a;  // this thread's A chunk in k-tile 0
+  const float* b;  // this thread's B chunk in k-tile 0
+  int64_t a_k, b_k;  // k (of the chunk's first element; for N-major B, of its row) in k-tile 0
+  int64_t b_step;    // elements from one k-tile's B chunk to the next
+  int64_t b_valid;   // N-major B: elements of the chunk inside N
+  bool a_row_ok, b_row_ok;
+
+  __device__ Loader(const MatmulProblem& p, int64_t tile_m, int64_t tile_n) {
+    const int t = threadIdx.x;
+    const int64_t m = tile_m * BM + t / K_CHUNKS;
+    a_k = (t % K_CHUNKS) * 4;
+    a_row_ok = m < p.m;
+    a = static_cast<const float*>(p.a) + (a_row_ok ? m * p.a_stride_m : 0) + a_k;
     if constexpr (B_KMAJOR) {
-      const int64_t n = tile_n * BN + idx / K_CHUNKS;
-      f.b[c] = n < p.n ? load_chunk(b + n * p.b_stride_n + k, p.k - k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const int64_t n = tile_n * BN + t / K_CHUNKS;
+      b_k = a_k;
+      b_row_ok = n < p.n;
+      b = static_cast<const float*>(p.b) + (b_row_ok ? n * p.b_stride_n : 0) + b_k;
+      b_step = BK;
+      b_valid = 4;
     } else {
-      const int64_t kb = k0 + idx / N_CHUNKS, n = tile_n * BN + (idx % N_CHUNKS) * 4;
-      f.b[c] = kb < p.k ? load_chunk(b + kb * p.b_stride_k + n, p.n - n) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const int64_t n = tile_n * BN + (t % N_CHUNKS) * 4;
+      b_k = t / N_CHUNKS;
+      b_valid = p.n - n;
+      b_row_ok = b_valid > 0;
+      b = static_cast<const float*>(p.b) + b_k * p.b_stride_k + (b_row_ok ? n : 0);
+      b_step = BK * p.b_stride_k;
     }
   }
-}
+
+  __device__ __forceinline__ void fetch(const MatmulProblem& p, int64_t kt, Fetched& f) const {
+    const int64_t k0 = kt * BK;
+    f.a = a_row_ok ? load_chunk(a + k0, p.k - (k0 + a_k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    if constexpr (B_KMAJOR) {
+      f.b = b_row_ok ? load_chunk(b + k0, p.k - (k0 + b_k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    } else {
+      f.b = b_row_ok && k0 + b_k < p.k ? load_chunk(b + kt * b_step, b_valid) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+};
 
 template <bool B_KMAJOR>
 __device__ __forceinline__ void store(SharedTiles& s, int buf, const Fetched& f) {
-#pragma unroll
-  for (int c = 0; c < CHUNKS_A; ++c) {
-    const int idx = threadIdx.x + c * THREADS;
-    const int row = idx / K_CHUNKS, k = (idx % K_CHUNKS) * 4;
-    s.a[buf][k + 0][row] = f.a[c].x;
-    s.a[buf][k + 1][row] = f.a[c].y;
-    s.a[buf][k + 2][row] = f.a[c].z;
-    s.a[buf][k + 3][row] = f.a[c].w;
-    if constexpr (B_KMAJOR) {
-      s.b[buf][k + 0][row] = f.b[c].x;
-      s.b[buf][k + 1][row] = f.b[c].y;
-      s.b[buf][k + 2][row] = f.b[c].z;
-      s.b[buf][k + 3][row] = f.b[c].w;
-    } else {
-      *reinterpret_cast<float4*>(&s.b[buf][idx / N_CHUNKS][(idx % N_CHUNKS) * 4]) = f.b[c];
-    }
+  const int row = threadIdx.x / K_CHUNKS, k = (threadIdx.x % K_CHUNKS) * 4;
+  s.a[buf][k + 0][row] = f.a.x;
+  s.a[buf][k + 1][row] = f.a.y;
+  s.a[buf][k + 2][row] = f.a.z;
+  s.a[buf][k + 3][row] = f.a.w;
+  if constexpr (B_KMAJOR) {
+    s.b[buf][k + 0][row] = f.b.x;
+    s.b[buf][k + 1][row] = f.b.y;
+    s.b[buf][k + 2][row] = f.b.z;
+    s.b[buf][k + 3][row] = f.b.w;
+  } else {
+    *reinterpret_cast<float4*>(&s.b[buf][threadIdx.x / N_CHUNKS][(threadIdx.x % N_CHUNKS) * 4]) = f.b;
   }
 }
 
@@ -110,13 +132,14 @@ __global__ void __launch_bounds__(THREADS, 2) warptiled_kernel(MatmulProblem p) 
 
   float acc[8][8] = {};
   const int64_t k_tiles = ceil_div(p.k, BK);
+  const Loader<B_KMAJOR> loader(p, tile_m, tile_n);
   Fetched f;
-  fetch<B_KMAJOR>(p, tile_m, tile_n, 0, f);
+  loader.fetch(p, 0, f);
   store<B_KMAJOR>(s, 0, f);
   __syncthreads();
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     const int buf = kt % 2;
-    if (kt + 1 < k_tiles) fetch<B_KMAJOR>(p, tile_m, tile_n, (kt + 1) * BK, f);
+    if (kt + 1 < k_tiles) loader.fetch(p, kt + 1, f);
 #pragma unroll
     for (int k = 0; k < BK; ++k) {
       const float4 a0 = *reinterpret_cast<const float4*>(&s.a[buf][k][m_base]);
@@ -141,10 +164,19 @@ __global__ void __launch_bounds__(THREADS, 2) warptiled_kernel(MatmulProblem p) 
     const int64_t row = tile_m * BM + m_base + (i / 4) * 16 + i % 4;
     if (row >= p.m) continue;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t col = tile_n * BN + n_base + (j / 4) * 32 + j % 4;
-      if (col >= p.n) continue;
-      out[row * p.out_stride_m + col * p.out_stride_n] = acc[i][j] + (bias ? bias[col] : 0.0f);
+    for (int half = 0; half < 2; ++half) {
+      const int64_t col = tile_n * BN + n_base + half * 32;
+      float v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = acc[i][half * 4 + j] + (bias && col + j < p.n ? bias[col + j] : 0.0f);
+      float* dst = out + row * p.out_stride_m + col * p.out_stride_n;
+      if (p.out_stride_n == 1 && col + 3 < p.n && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+        *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);  // one 16-byte store
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (col + j < p.n) dst[j * p.out_stride_n] = v[j];
+      }
     }
   }
 }
