@@ -378,3 +378,27 @@ def test_kernelize_replaces_linear_forward(pm, variant_dir):
     assert expected.shape == (2, 3)
     with pytest.raises(RuntimeError, match=rf"{NO_CUDA}.*bias is on cpu"):
         model(x)
+
+
+# --- matmul_timeline --------------------------------------------------------------
+
+
+def test_timeline_unknown_tile_order(pm):
+    with pytest.raises(ValueError, match=r"^unknown tile_order 'spiral'; choose one of: grouped, hilbert$"):
+        pm.matmul_timeline(t(4, 4, dtype=torch.bfloat16), t(4, 4, dtype=torch.bfloat16), tile_order="spiral")
+
+
+def test_timeline_needs_an_instrumented_rung(pm):
+    with pytest.raises(ValueError, match=r"^kernel 'naive' has no instrumented build; choose one of: tiled, persistent$"):
+        pm.matmul_timeline(t(4, 4), t(4, 4), kernel="naive")
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((0, 4), (4, 4)), ((4, 0), (0, 4)), ((4, 4), (4, 0))])
+def test_timeline_needs_nonempty_operands(pm, a_shape, b_shape):
+    with pytest.raises(ValueError, match=r"^matmul_timeline needs M, N and K >= 1"):
+        pm.matmul_timeline(t(*a_shape, dtype=torch.bfloat16), t(*b_shape, dtype=torch.bfloat16))
+
+
+def test_timeline_on_cpu_says_no_cuda_device(pm):
+    with pytest.raises(RuntimeError, match=NO_CUDA):
+        pm.matmul_timeline(t(4, 4, dtype=torch.bfloat16), t(4, 4, dtype=torch.bfloat16))
