@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 JOBS ?= $(shell nproc)
 
-.PHONY: demo test build check clean
+.PHONY: demo test build check clean space
 
 $(BIN)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,12 @@ demo: build
 	$(BIN)/python scripts/demo.py
 
 test: check
+	command -v chromium || (apt-get update && apt-get install -y chromium)
 	$(BIN)/python -m pytest -ra
+
+# The Gradio Space on http://localhost:7860 (GRADIO_SERVER_PORT to change), with this build.
+space: build
+	LOCAL_KERNELS=persistent-matmul/persistent-matmul=$(CURDIR) $(BIN)/python space/app.py
 
 clean:
 	rm -rf build .kernelpress

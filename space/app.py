@@ -1,0 +1,243 @@
+"""persistent-matmul Space: benchmark the kernel's rungs against cuBLAS and show
+per-SM tile timelines of the tiled and persistent kernels.
+
+With a GPU (or on ZeroGPU) the Run buttons measure live. Without one, both tabs
+show results recorded on a real GPU (``recorded/``, or env ``PM_RECORDED_DIR``),
+labelled as recorded. ``python app.py`` serves on ``GRADIO_SERVER_PORT``
+(default 7860).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import gpu_work  # first: imports `spaces` (ZeroGPU) before torch touches CUDA
+
+import gradio as gr  # noqa: E402
+
+import plots  # noqa: E402
+import recorded  # noqa: E402
+import validation  # noqa: E402
+from validation import InputError  # noqa: E402
+
+ZERO_GPU = bool(os.environ.get("SPACES_ZERO_GPU")) and gpu_work.spaces is not None
+# PM_RECORDED_ONLY=1: never measure, always show the recording (tests use it on any machine).
+RECORDED_ONLY = os.environ.get("PM_RECORDED_ONLY", "") not in ("", "0")
+DOWNLOAD_DIR = Path(tempfile.mkdtemp(prefix="pm-space-"))
+
+
+# --------------------------------------------------------------------------- state at start
+
+
+def _startup() -> dict:
+    """Kernel, device and recorded results, read once when the app starts."""
+    info = gpu_work.device_info()
+    live = info["kernel_loaded"] and (info["gpu"] is not None or ZERO_GPU) and not RECORDED_ONLY
+    return {"info": info, "live": live, "bench": recorded.load_benchmark(), "timeline": recorded.load_timeline()}
+
+
+STATE = _startup()
+
+
+def no_gpu_reason() -> str:
+    """Why the Run buttons cannot measure here."""
+    info = STATE["info"]
+    if RECORDED_ONLY:
+        return "recorded-only mode (PM_RECORDED_ONLY is set)"
+    if not info["kernel_loaded"]:
+        return f"the kernel did not load ({info['kernel']})"
+    return "this machine has no CUDA GPU"
+
+
+def header_markdown() -> str:
+    """Which kernel build is loaded, what runs here and why not the rest; the no-GPU banner."""
+    info = STATE["info"]
+    lines = ["# persistent-matmul: from a naive CUDA kernel to a persistent tensor-core matmul", ""]
+    if not STATE["live"]:
+        bench = STATE["bench"]
+        if bench:
+            env = bench["environment"]
+            lines.append(f"> **{'No GPU here' if not RECORDED_ONLY else 'Recorded-only mode'}: showing results recorded on {env.get('gpu') or 'a GPU'} "
+                         f"on {env.get('date') or 'an unknown date'}** ({no_gpu_reason()}).")
+        else:
+            lines.append(f"> **No GPU here and no recorded results yet** ({no_gpu_reason()}). "
+                         "Record them on a GPU with `python space/record.py`.")
+        lines.append("")
+    lines.append(f"**Kernel build:** {info['kernel']}  ")
+    if ZERO_GPU:
+        lines.append("**Device:** ZeroGPU: a GPU is attached for each run; the results name it.")
+    else:
+        device = info["gpu"] or "no CUDA device"
+        if info["gpu"]:
+            device += f" ({info['sm_count']} SMs, compute capability {info['capability']})"
+        lines += [f"**Device:** {device}", "", "| rung | runs here | dtypes | why / why not |", "|---|---|---|---|"]
+        for name, rung in info["rungs"].items():
+            lines.append(f"| {name} | {'yes' if rung['available'] else 'no'} | {', '.join(rung['dtypes'])} "
+                         f"| {rung['reason']} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _downloads(rows: list[dict], environment: dict) -> tuple[str, str]:
+    """CSV and JSON files of ``rows`` for the download buttons."""
+    directory = Path(tempfile.mkdtemp(dir=DOWNLOAD_DIR))
+    csv_path, json_path = directory / "benchmark.csv", directory / "benchmark.json"
+    fields = ["m", "n", "k", "dtype", "rung", "ms", "tflops", "ratio_vs_cublas", "rel_error", "note"]
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    json_path.write_text(json.dumps({"environment": environment, "rows": rows}, indent=1) + "\n")
+    return str(csv_path), str(json_path)
+
+
+def benchmark_outputs(rows: list[dict], environment: dict, status: str, label: str) -> tuple:
+    """(status, figure, table, summary, csv, json) for a set of rows."""
+    csv_path, json_path = _downloads(rows, environment)
+    title = f"{label}: TFLOP/s per shape and rung (cuBLAS = torch.matmul)"
+    return (status, plots.benchmark_figure(rows, title), plots.benchmark_table(rows),
+            plots.benchmark_summary(rows), csv_path, json_path)
+
+
+def recorded_benchmark(rungs: list[str] | None = None, dtype: str | None = None) -> tuple:
+    """The recorded benchmark (the rows matching ``rungs``/``dtype`` where there are any)."""
+    bench = STATE["bench"]
+    if not bench:
+        return ("**No recorded benchmark yet.** Run `python space/record.py` on a GPU to record one.",
+                plots.benchmark_figure([], ""), [], "", None, None)
+    env, rows = bench["environment"], bench["rows"]
+    label = recorded.describe(env)
+    status = f"**Recorded results**, {label}."
+    if rungs is not None and dtype is not None:
+        chosen = [r for r in rows if r["dtype"] == dtype and (r["rung"] == gpu_work.CUBLAS or r["rung"] in rungs)]
+        if chosen:
+            rows = chosen
+        else:
+            status += f" The recording has no {dtype} rows for this selection, so all recorded rows are shown."
+    short = f"Recorded on {env.get('gpu') or 'a GPU'}, {env.get('date') or 'unknown date'}"
+    return benchmark_outputs(rows, env, status, short)
+
+
+def timeline_outputs(result: dict | None, status: str, label: str) -> tuple:
+    """(status, figure, summary) for a timeline result."""
+    if not result or result.get("error"):
+        why = (result or {}).get("error") or "no recorded timeline yet; run `python space/record.py` on a GPU"
+        return f"{status} **No timeline to show:** {why}.", plots.timeline_figure({}, ""), ""
+    return status, plots.timeline_figure(result, label), plots.timeline_summary(result)
+
+
+def recorded_timeline() -> tuple:
+    """The recorded timeline, labelled as recorded."""
+    result = STATE["timeline"]
+    if not result or result.get("error"):
+        return timeline_outputs(result, "", "")
+    label = recorded.describe(result["environment"])
+    env = result["environment"]
+    short = f"Recorded on {env.get('gpu') or 'a GPU'}, {env.get('date') or 'unknown date'}"
+    return timeline_outputs(result, f"**Recorded timeline**, {label}.", short)
+
+
+def _warn(message: str) -> str:
+    gr.Warning(message)
+    return f"⚠️ {message}"
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def benchmark(rungs, dtype, preset, custom, progress=gr.Progress()):
+    """Benchmark button: validate, then measure (GPU) or show the recording (no GPU)."""
+    try:
+        rungs, dtype, shapes = validation.benchmark_request(rungs, dtype, preset, custom)
+    except InputError as exc:
+        return (_warn(str(exc)),) + (gr.skip(),) * 5
+    try:
+        if not STATE["live"]:
+            out = recorded_benchmark(rungs, dtype)
+            return (f"Cannot run live: {no_gpu_reason()}. {out[0]}",) + out[1:]
+        result = gpu_work.run_benchmark(rungs, dtype, shapes, progress=None if ZERO_GPU else progress)
+        if result.get("error") and not result["rows"]:
+            return (_warn(f"The benchmark did not run: {result['error']}"),) + (gr.skip(),) * 5
+        env = result["environment"]
+        label = f"Live on {env.get('gpu')} ({env.get('date')})"
+        return benchmark_outputs(result["rows"], env, f"**{label}**, {len(shapes)} shape(s), {dtype}.", label)
+    except Exception as exc:  # noqa: BLE001 - a message on the page, never a traceback
+        return (_warn(f"The benchmark failed: {type(exc).__name__}: {exc}"),) + (gr.skip(),) * 5
+
+
+def timeline(m, n, k):
+    """Timeline button: validate, then record timelines (GPU) or show the recording (no GPU)."""
+    try:
+        m, n, k = validation.timeline_request(m, n, k)
+    except InputError as exc:
+        return (_warn(str(exc)), gr.skip(), gr.skip())
+    try:
+        if not STATE["live"]:
+            out = recorded_timeline()
+            return (f"Cannot run live: {no_gpu_reason()}. {out[0]}",) + out[1:]
+        result = gpu_work.run_timeline(m, n, k)
+        if result.get("error"):
+            return (_warn(f"The timeline did not run: {result['error']}"), gr.skip(), gr.skip())
+        env = result["environment"]
+        label = f"Live on {env.get('gpu')} ({env.get('date')})"
+        return timeline_outputs(result, f"**{label}**.", label)
+    except Exception as exc:  # noqa: BLE001 - a message on the page, never a traceback
+        return (_warn(f"The timeline failed: {type(exc).__name__}: {exc}"), gr.skip(), gr.skip())
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def build() -> gr.Blocks:
+    """The Blocks app; initial outputs are the recorded results."""
+    b_init, t_init = recorded_benchmark(), recorded_timeline()
+    live_note = "" if STATE["live"] else " (no GPU here: Run shows the recorded results instead)"
+    with gr.Blocks(title="persistent-matmul") as demo:
+        gr.Markdown(header_markdown(), elem_id="header")
+        with gr.Tab("Benchmark", id="benchmark"):
+            with gr.Row():
+                rungs = gr.CheckboxGroup(list(validation.RUNG_CHOICES), value=["tiled", "persistent"],
+                                         label="Rungs (cuBLAS via torch.matmul always runs)")
+                dtype = gr.Radio(list(validation.DTYPE_CHOICES), value="bfloat16", label="dtype")
+            with gr.Row():
+                preset = gr.Dropdown(list(validation.PRESETS), value=validation.DEFAULT_PRESET,
+                                     label="Shapes", elem_id="preset")
+                custom = gr.Textbox(label=f"Custom shapes MxNxK (preset 'custom'; up to {validation.MAX_SHAPES}, "
+                                          f"each dim <= {validation.MAX_DIM})",
+                                    placeholder="4096x4096x4096, 16x4096x4096", elem_id="custom-shapes")
+            run_b = gr.Button("Run benchmark" + live_note, variant="primary", elem_id="run-benchmark")
+            b_status = gr.Markdown(b_init[0], elem_id="benchmark-status")
+            b_plot = gr.Plot(b_init[1], label="TFLOP/s", show_label=False, elem_id="benchmark-plot")
+            b_summary = gr.Markdown(b_init[3])
+            b_table = gr.Dataframe(b_init[2], headers=plots.TABLE_HEADERS, label="Results", interactive=False,
+                                   elem_id="benchmark-table")
+            with gr.Row():
+                b_csv = gr.File(b_init[4], label="CSV")
+                b_json = gr.File(b_init[5], label="JSON")
+        with gr.Tab("Timeline", id="timeline"):
+            gr.Markdown("Which SM ran each output tile, and when: `tiled` (one CTA per tile) against "
+                        "`persistent` (one wave of CTAs looping over tiles), bfloat16.")
+            with gr.Row():
+                tm, tn, tk = (gr.Textbox(str(v), label=name, elem_id=f"timeline-{name.lower()}")
+                              for v, name in zip(validation.DEFAULT_TIMELINE_SHAPE, "MNK"))
+            run_t = gr.Button("Run timeline" + live_note, variant="primary", elem_id="run-timeline")
+            t_status = gr.Markdown(t_init[0], elem_id="timeline-status")
+            t_plot = gr.Plot(t_init[1], label="Tile timeline", show_label=False, elem_id="timeline-plot")
+            t_summary = gr.Markdown(t_init[2], elem_id="timeline-summary")
+        run_b.click(benchmark, [rungs, dtype, preset, custom], [b_status, b_plot, b_table, b_summary, b_csv, b_json],
+                    api_name="benchmark")
+        run_t.click(timeline, [tm, tn, tk], [t_status, t_plot, t_summary], api_name="timeline")
+    demo.queue(default_concurrency_limit=1, max_size=16)
+    return demo
+
+
+if __name__ == "__main__":
+    build().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"),
+                   server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+                   theme=gr.themes.Soft(), allowed_paths=[str(DOWNLOAD_DIR)])

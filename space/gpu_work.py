@@ -1,0 +1,344 @@
+"""The GPU work of the Space: load the kernel, describe the device, benchmark, record timelines.
+
+Every function here returns plain data (dicts, lists, numbers, strings), never
+tensors or figures: on ZeroGPU the two ``spaces.GPU`` entry points
+(``run_benchmark`` and ``run_timeline``) run in a forked worker and their results
+are pickled back. Outside ZeroGPU (or without the ``spaces`` package) the
+decorator does nothing. Inputs are validated by the caller (``validation.py``);
+these functions assume sane shapes.
+
+Timing follows the project's protocol (scripts/benchmark_table.py): CUDA events
+around batches of back-to-back calls (batches of >= ~2 ms), a warm-up first,
+the median of several batches, input sets rotated so they exceed the L2 cache.
+The error is the normwise relative error ``||out - ref||_F / ||ref||_F`` against
+an fp64 product of the same (rounded) inputs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import statistics
+import subprocess
+from pathlib import Path
+
+try:  # ZeroGPU: must be imported before torch initialises CUDA.
+    import spaces  # type: ignore[import-not-found]
+
+    def gpu(duration: int):
+        """``spaces.GPU(duration=...)``: on ZeroGPU, attach a GPU for the call."""
+        return spaces.GPU(duration=duration)
+except ImportError:  # a plain machine: nothing to attach
+    spaces = None
+
+    def gpu(duration: int):  # noqa: ARG001 - same signature as the ZeroGPU one
+        """No ``spaces`` package: a decorator that changes nothing."""
+        return lambda fn: fn
+
+import torch
+
+DEFAULT_REPO_ID = "persistent-matmul/persistent-matmul"
+SPACE_DIR = Path(__file__).resolve().parent
+CUBLAS = "cuBLAS"  # torch.matmul, the baseline every rung is compared with
+TIMELINE_RUNGS = ("tiled", "persistent")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+L2_ROTATION_BYTES = 3 * 60 * 2**20  # input sets together exceed a 60 MB L2 three times
+NAIVE_MAX_FLOP = 4.0e11  # the naive rung runs ~5 TFLOP/s: larger products would take seconds
+
+_KERNEL: dict = {}  # cache of load_kernel's result
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def kernel_repo() -> tuple[str, int]:
+    """The kernel's Hub repo id and version: env ``PM_KERNEL_REPO`` / ``PM_KERNEL_VERSION``,
+    else the repo id in ``../build.toml`` (when the Space sits in the kernel repo), else
+    the published id, version 1."""
+    repo = os.environ.get("PM_KERNEL_REPO")
+    if not repo:
+        repo = DEFAULT_REPO_ID
+        build_toml = SPACE_DIR.parent / "build.toml"
+        if build_toml.is_file():
+            import tomllib
+
+            try:
+                repo = tomllib.loads(build_toml.read_text())["general"]["hub"]["repo-id"]
+            except (KeyError, ValueError, OSError):
+                pass
+    try:
+        version = int(os.environ.get("PM_KERNEL_VERSION", "1"))
+    except ValueError:
+        version = 1
+    return repo, version
+
+
+def load_kernel():
+    """``kernels.get_kernel(repo, version=...)`` once; returns ``(module or None, message)``.
+
+    ``LOCAL_KERNELS="<repo>=<path>"`` makes kernels load a local build instead of the Hub.
+    """
+    if "result" not in _KERNEL:
+        repo, version = kernel_repo()
+        os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+        try:
+            import kernels
+
+            # trust only this repo (the default trusts just a few organisations)
+            module = kernels.get_kernel(repo, version=version, trust_remote_code=[repo])
+        except Exception as exc:  # noqa: BLE001 - any failure is shown in the UI, not raised
+            _KERNEL["result"] = (None, f"could not load {repo} v{version}: {type(exc).__name__}: {exc}")
+        else:
+            variant = Path(module.__file__).resolve().parent.name
+            local = any(e.split("=", 1)[0] == repo for e in os.environ.get("LOCAL_KERNELS", "").split(":") if e)
+            where = "a local build (LOCAL_KERNELS)" if local else "the Hub"
+            _KERNEL["result"] = (module, f"{repo} v{version}, variant {variant}, from {where}")
+    return _KERNEL["result"]
+
+
+# --------------------------------------------------------------------------- device
+
+
+def device_info() -> dict:
+    """The GPU (name, SMs, capability) and, per rung, whether it runs here and why not.
+
+    Without CUDA: ``{"gpu": None, "message": "no CUDA device", ...}``.
+    """
+    pm, kernel_message = load_kernel()
+    info: dict = {"kernel": kernel_message, "kernel_loaded": pm is not None, "rungs": {}}
+    info.update(gpu=None, sm_count=None, capability=None, message="no CUDA device")
+    try:  # on ZeroGPU's main process CUDA may claim to exist without a device to query
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            info.update(gpu=props.name, sm_count=props.multi_processor_count,
+                        capability=f"{props.major}.{props.minor}", message=f"{props.name}")
+        if pm is not None:
+            for name, avail in pm.available_kernels().items():
+                info["rungs"][name] = {
+                    "available": bool(avail.available),
+                    "reason": str(avail.reason),
+                    "dtypes": [str(d).removeprefix("torch.") for d in avail.dtypes],
+                }
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        info.update(gpu=None, sm_count=None, capability=None,
+                    message=f"CUDA not usable in this process: {type(exc).__name__}: {exc}")
+    info["rungs"][CUBLAS] = {
+        "available": info["gpu"] is not None,
+        "reason": "torch.matmul" if info["gpu"] else "no CUDA device",
+        "dtypes": list(DTYPES),
+    }
+    return info
+
+
+def _git_commit() -> str | None:
+    """HEAD of the checkout around the Space, else env ``PM_COMMIT``, else None."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=SPACE_DIR, capture_output=True,
+                              text=True, timeout=10, check=True)
+        return done.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("PM_COMMIT")
+
+
+def _sm_clock() -> str | None:
+    """The current SM clock from nvidia-smi (None where nvidia-smi is missing)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10, check=True)
+        return done.stdout.strip().splitlines()[0] or None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def environment() -> dict:
+    """Where a result was measured: date, GPU, SMs, SM clock, torch, CUDA, commit, kernel."""
+    info = device_info()
+    return {
+        "date": datetime.date.today().isoformat(),
+        "gpu": info["gpu"],
+        "sm_count": info["sm_count"],
+        "capability": info["capability"],
+        "sm_clock": _sm_clock(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "commit": _git_commit(),
+        "kernel": info["kernel"],
+    }
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _warm_up(seconds: float) -> None:
+    """Large products for a while, so the SM clock has left idle before measuring."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        for _ in range(10):
+            torch.matmul(a, a)
+        end.record()
+        end.synchronize()
+        if start.elapsed_time(end) >= seconds * 1e3:
+            return
+
+
+def _time_per_call(fn, calls: int, batches: int) -> float:
+    """Median seconds per call over ``batches`` batches of ``calls`` back-to-back calls."""
+    times = []
+    for _ in range(batches):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(calls):
+            fn(i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
+    return statistics.median(times)
+
+
+def _measure(fn) -> float:
+    """Seconds per call of ``fn(i)``: one call to warm up, a probe, then batches of >= ~2 ms."""
+    fn(0)
+    torch.cuda.synchronize()
+    probe = _time_per_call(fn, 1, 1)
+    calls = max(1, min(200, int(2e-3 / max(probe, 1e-7))))
+    return _time_per_call(fn, calls, 7 if probe < 0.05 else 3)
+
+
+def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Normwise relative error of ``out`` against the fp64 ``ref``."""
+    denom = ref.norm().item()
+    return (out.double() - ref).norm().item() / max(denom, 1e-300)
+
+
+# --------------------------------------------------------------------------- benchmark
+
+
+def _bench_shape(pm, m: int, n: int, k: int, dtype_name: str, rungs: list[str], available: dict) -> list[dict]:
+    """Rows for one shape: cuBLAS first, then each requested rung (or why it did not run)."""
+    dtype = DTYPES[dtype_name]
+    flop = 2.0 * m * n * k
+    set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
+    sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
+    inputs = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
+              for _ in range(sets)]
+    out = torch.empty(m, n, device="cuda", dtype=dtype)
+    reference = torch.matmul(inputs[0][0].double(), inputs[0][1].double())
+    base = {"m": m, "n": n, "k": k, "dtype": dtype_name}
+    rows = []
+    for name in [CUBLAS, *rungs]:
+        row = {**base, "rung": name, "ms": None, "tflops": None, "rel_error": None, "ratio_vs_cublas": None,
+               "note": ""}
+        rows.append(row)
+        if name != CUBLAS:
+            avail = available.get(name)
+            if avail is None:
+                row["note"] = "not in this kernel build"
+                continue
+            if not avail.available:
+                row["note"] = f"does not run here: {avail.reason}"
+                continue
+            if dtype not in avail.dtypes:
+                row["note"] = "takes " + ", ".join(str(d).removeprefix("torch.") for d in avail.dtypes) + " only"
+                continue
+            if name == "naive" and flop > NAIVE_MAX_FLOP:
+                row["note"] = f"skipped: naive is slow, over {NAIVE_MAX_FLOP:.0e} FLOP"
+                continue
+        if name == CUBLAS:
+            def fn(i):
+                torch.matmul(*inputs[i % sets], out=out)
+        else:
+            def fn(i, name=name):
+                pm.matmul(*inputs[i % sets], kernel=name, out=out)
+        fn(0)
+        torch.cuda.synchronize()
+        row["rel_error"] = _rel_error(out, reference)
+        seconds = _measure(fn)
+        row["ms"] = seconds * 1e3
+        row["tflops"] = flop / seconds / 1e12
+    cublas = rows[0]["tflops"]
+    for row in rows:
+        if row["tflops"] is not None and cublas:
+            row["ratio_vs_cublas"] = row["tflops"] / cublas
+    del inputs, out, reference
+    torch.cuda.empty_cache()
+    return rows
+
+
+@gpu(duration=120)
+def run_benchmark(rungs: list[str], dtype: str, shapes: list[tuple[int, int, int]], progress=None) -> dict:
+    """Time ``rungs`` and cuBLAS (torch.matmul, TF32 off) on each (m, n, k) in ``shapes``.
+
+    Returns ``{"rows": [...], "environment": {...}, "error": str | None}``; each row is
+    ``{m, n, k, rung, dtype, ms, tflops, rel_error, ratio_vs_cublas, note}`` (numbers
+    None with a ``note`` where a rung did not run). ``progress(fraction, desc)`` is
+    called per shape when given.
+    """
+    if not torch.cuda.is_available():
+        return {"rows": [], "environment": {}, "error": "no CUDA device"}
+    pm, message = load_kernel()
+    available = pm.available_kernels() if pm is not None else {}
+    rungs = [r for r in rungs if r != CUBLAS]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _warm_up(0.5)
+    rows = []
+    for i, (m, n, k) in enumerate(shapes):
+        if progress is not None:
+            progress(i / len(shapes), f"{m}x{n}x{k}")
+        rows += _bench_shape(pm, m, n, k, dtype, rungs, available)
+    env = environment()
+    return {"rows": rows, "environment": env, "error": None if pm is not None else message}
+
+
+# --------------------------------------------------------------------------- timeline
+
+
+@gpu(duration=60)
+def run_timeline(m: int, n: int, k: int, dtype: str = "bfloat16") -> dict:
+    """Per-tile timelines of ``tiled`` and ``persistent`` on one m x n x k product.
+
+    Returns ``{"shape": [m, n, k], "dtype", "sm_count", "tile_config", "environment",
+    "kernels": {name: {"rows": [[tile_m, tile_n, sm, cta, start_ns, end_ns], ...],
+    "columns", "grid", "ms"}}, "error"}``. ``start_ns``/``end_ns`` are %globaltimer
+    readings made relative to the kernel's first tile start. ``ms`` is the median
+    time of the normal (uninstrumented) kernel.
+    """
+    result: dict = {"shape": [m, n, k], "dtype": dtype, "kernels": {}, "error": None}
+    if not torch.cuda.is_available():
+        return {**result, "error": "no CUDA device"}
+    pm, message = load_kernel()
+    if pm is None:
+        return {**result, "error": message}
+    available = pm.available_kernels()
+    torch_dtype = DTYPES[dtype]
+    a = torch.randn(m, k, device="cuda", dtype=torch_dtype)
+    b = torch.randn(k, n, device="cuda", dtype=torch_dtype)
+    out = torch.empty(m, n, device="cuda", dtype=torch_dtype)
+    result["sm_count"] = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    result["tile_config"] = {key: int(v) for key, v in pm.tile_config(m, n).items()}
+    _warm_up(0.3)
+    for name in TIMELINE_RUNGS:
+        avail = available.get(name)
+        if avail is None or not avail.available or torch_dtype not in avail.dtypes:
+            reason = "not in this build" if avail is None else avail.reason
+            result["kernels"][name] = {"rows": [], "columns": list(pm.TIMELINE_COLUMNS), "grid": 0, "ms": None,
+                                       "note": f"{name} does not run here: {reason}"}
+            continue
+        pm.matmul_timeline(a, b, kernel=name)  # warm the instrumented build
+        _, timeline = pm.matmul_timeline(a, b, kernel=name)
+        torch.cuda.synchronize()
+        t = timeline.cpu()
+        t = t[t[:, 4] >= 0]  # rows still -1: tiles the kernel did not record (should be none)
+        t[:, 4:] -= int(t[:, 4].min()) if len(t) else 0
+        seconds = _measure(lambda i, name=name: pm.matmul(a, b, kernel=name, out=out))
+        result["kernels"][name] = {
+            "rows": t.tolist(),
+            "columns": list(pm.TIMELINE_COLUMNS),
+            "grid": int(t[:, 3].unique().numel()),
+            "ms": seconds * 1e3,
+            "note": "",
+        }
+    result["environment"] = environment()
+    return result
