@@ -1,4 +1,5 @@
-# The two quick-start commands are `make demo` (the main job) and `make test`.
+# The two quick-start commands are `make space` (the main job: the Space, locally) and
+# `make test`. `make demo` prints a correctness-and-timing demo in the terminal.
 # Both create .venv with the pinned packages on first use.
 PYTHON ?= python3.11
 VENV := .venv

@@ -17,6 +17,7 @@ an fp64 product of the same (rounded) inputs.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
 import statistics
@@ -132,13 +133,26 @@ def device_info() -> dict:
 
 
 def _git_commit() -> str | None:
-    """HEAD of the checkout around the Space, else env ``PM_COMMIT``, else None."""
+    """The commit the results belong to: HEAD of the checkout around the Space,
+    else the commit the loaded kernel was built from (its metadata.json
+    provenance; "(dirty)" when built from modified sources), else env
+    ``PM_COMMIT``, else None."""
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=SPACE_DIR, capture_output=True,
                               text=True, timeout=10, check=True)
         return done.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("PM_COMMIT")
+        pass
+    module, _ = load_kernel()
+    if module is not None:
+        try:
+            metadata = json.loads((Path(module.__file__).resolve().parent / "metadata.json").read_text())
+            kernel = metadata.get("provenance", {}).get("kernel", {})
+            if kernel.get("commit"):
+                return kernel["commit"] + (" (dirty)" if kernel.get("dirty") else "")
+        except (OSError, ValueError):
+            pass
+    return os.environ.get("PM_COMMIT")
 
 
 def _sm_clock() -> str | None:
