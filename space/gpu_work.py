@@ -27,13 +27,14 @@ from pathlib import Path
 try:  # ZeroGPU: must be imported before torch initialises CUDA.
     import spaces  # type: ignore[import-not-found]
 
-    def gpu(duration: int):
-        """``spaces.GPU(duration=...)``: on ZeroGPU, attach a GPU for the call."""
+    def gpu(duration):
+        """``spaces.GPU(duration=...)``: on ZeroGPU, attach a GPU for the call. ``duration``
+        is seconds, or a function of the call's arguments that returns them."""
         return spaces.GPU(duration=duration)
 except ImportError:  # a plain machine: nothing to attach
     spaces = None
 
-    def gpu(duration: int):  # noqa: ARG001 - same signature as the ZeroGPU one
+    def gpu(duration):  # noqa: ARG001 - same signature as the ZeroGPU one
         """No ``spaces`` package: a decorator that changes nothing."""
         return lambda fn: fn
 
@@ -281,7 +282,14 @@ def _bench_shape(pm, m: int, n: int, k: int, dtype_name: str, rungs: list[str], 
     return rows
 
 
-@gpu(duration=120)
+def benchmark_seconds(rungs: list[str], dtype: str, shapes: list[tuple[int, int, int]], progress=None) -> int:
+    """The GPU time to ask ZeroGPU for: kernel load and warm-up, then a few seconds
+    per timed (shape, rung) pair, cuBLAS included; at most 120. On the H200 the
+    page's default (2 rungs + cuBLAS, 5 shapes) took 1.2 s once the kernel was loaded."""
+    return min(120, 15 + 2 * len(shapes) * (len(rungs) + 1))
+
+
+@gpu(duration=benchmark_seconds)
 def run_benchmark(rungs: list[str], dtype: str, shapes: list[tuple[int, int, int]], progress=None) -> dict:
     """Time ``rungs`` and cuBLAS (torch.matmul, TF32 off) on each (m, n, k) in ``shapes``.
 
@@ -309,7 +317,7 @@ def run_benchmark(rungs: list[str], dtype: str, shapes: list[tuple[int, int, int
 # --------------------------------------------------------------------------- timeline
 
 
-@gpu(duration=60)
+@gpu(duration=30)
 def run_timeline(m: int, n: int, k: int, dtype: str = "bfloat16") -> dict:
     """Per-tile timelines of ``tiled`` and ``persistent`` on one m x n x k product.
 

@@ -354,3 +354,12 @@ def test_live_handlers_with_stubbed_gpu(tmp_path, monkeypatch):
         assert status.startswith("⚠️ The benchmark failed: RuntimeError: CUDA error: out of memory")
     finally:
         sys.modules.pop("app", None)
+
+
+def test_zerogpu_duration_grows_with_the_request_and_is_capped():
+    import gpu_work
+
+    small = gpu_work.benchmark_seconds(["tiled"], "bfloat16", [(512, 512, 512)])
+    larger = gpu_work.benchmark_seconds(["naive", "tiled", "persistent"], "bfloat16", [(512, 512, 512)] * 8)
+    assert 0 < small < larger <= 120
+    assert gpu_work.benchmark_seconds(["naive"] * 50, "bfloat16", [(1, 1, 1)] * 50) == 120
