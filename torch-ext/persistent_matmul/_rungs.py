@@ -75,7 +75,9 @@ RUNGS: dict[str, Rung] = {
 }
 
 # Best first: `kernel="auto"` takes the first available rung that takes the dtype.
-AUTO_ORDER = ("persistent", "tiled", "warptiled", "naive")
+# tiled before persistent: on the H200 tiled measured 1.06x persistent (geomean
+# over the benchmark shapes, benchmarks/results/2026-11-29-benchmark.md).
+AUTO_ORDER = ("tiled", "persistent", "warptiled", "naive")
 
 
 @dataclass(frozen=True)
