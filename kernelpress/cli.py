@@ -1,4 +1,4 @@
-"""The ``kernelpress`` command line: build and check kernel repos."""
+"""The ``kernelpress`` command line: build, check and publish kernel repos."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ def _cmd_check(args) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def _cmd_publish(args) -> int:
+    from .publish import run_publish
+
+    return run_publish(args.repo, repo_id=args.repo_id, space_id=args.space_id, dry_run=args.dry_run,
+                       force=args.force, endpoint=args.endpoint)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kernelpress", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kernelpress {__version__}")
@@ -37,6 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check", help="check a build: layout, metadata, digest, ABI, SASS")
     p.add_argument("path", nargs="?", default="build", help="a build/ dir, a variant dir, or a repo root")
     p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("publish", help="upload the build, its card and the Space to the Hub")
+    p.add_argument("repo", nargs="?", default=".", help="kernel repo root (holds build.toml and build/)")
+    p.add_argument("--repo-id", help="kernel repo ORG/NAME (default: build.toml's [general.hub] repo-id)")
+    p.add_argument("--space-id", help="also create/update this Gradio Space ORG/NAME from space/")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print what would be created and uploaded; send nothing (default without a token)")
+    p.add_argument("--force", action="store_true", help="publish a build made from a dirty source tree")
+    p.add_argument("--endpoint", help="Hub endpoint URL (default: $HF_ENDPOINT or huggingface.co)")
+    p.set_defaults(func=_cmd_publish)
 
     args = parser.parse_args(argv)
     from .build import BuildError
