@@ -68,15 +68,26 @@ def _builds_section(config, variants: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+CARD_PLOT = "benchmark.png"  # the latest benchmark plot, published beside README.md on main
+
+
+def latest_benchmark_plot(repo: Path) -> Path | None:
+    """The plot drawn for the newest benchmark table (same name, .png), or None."""
+    table = latest_benchmark(repo)
+    plot = table.with_suffix(".png") if table is not None else None
+    return plot if plot is not None and plot.is_file() else None
+
+
 def _benchmark_section(repo: Path) -> str | None:
     path = latest_benchmark(repo)
     if path is None:
         return None
     text = path.read_text().strip()
     text = re.sub(r"^#{1,2} ", "### ", text, flags=re.M)  # keep the file's headings below ours
+    figure = f"![TFLOP/s per shape and rung]({CARD_PLOT})\n\n" if latest_benchmark_plot(repo) else ""
     return (f"## Benchmark\n\nThe latest recorded run (`benchmarks/results/{path.name}`; ratios are to "
             f"`torch.matmul` in the same run). Reproduce with `kernels benchmark`, which runs "
-            f"`benchmarks/benchmark_matmul.py` from this repo.\n\n{text}\n")
+            f"`benchmarks/benchmark_matmul.py` from this repo.\n\n{figure}{text}\n")
 
 
 def fill_card(repo: Path | str, repo_id: str) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .card import fill_card, read_variants
+from .card import CARD_PLOT, fill_card, latest_benchmark_plot, read_variants
 
 MAX_OPS_PER_COMMIT = 1000
 MANAGED_PREFIXES = ("build/", "benchmarks/")  # what publish owns on the version branch
@@ -138,6 +138,9 @@ def describe_plan(plan: Plan, deletions: list[str] | None) -> str:
     else:
         lines += [f"    delete {p}" for p in deletions] or ["    delete: nothing"]
     lines.append(f"  branch main: upload README.md  ({len(plan.card.encode())} bytes, the filled CARD.md)")
+    plot = latest_benchmark_plot(plan.repo)
+    if plot is not None:
+        lines.append(f"  branch main: upload {CARD_PLOT}  ({plot.stat().st_size} bytes, {plot.name})")
     if plan.space_id:
         lines.append(f"space repo {plan.space_id} (sdk gradio): create if missing; branch main: "
                      f"upload {len(plan.space_files)} files:")
@@ -239,9 +242,12 @@ def publish(plan: Plan, api, out: TextIO | None = None, max_ops: int = MAX_OPS_P
         steps.run(name, kernel, lambda c=ops_chunk, n=name: api.create_commit(
             plan.repo_id, repo_type="kernel", revision=plan.branch, operations=c,
             commit_message=f"Upload {plan.repo_id} {plan.branch}: {n.split(' on ')[0]}"))
+    card_ops = [CommitOperationAdd("README.md", plan.card.encode())]
+    plot = latest_benchmark_plot(plan.repo)
+    if plot is not None:
+        card_ops.append(CommitOperationAdd(CARD_PLOT, str(plot)))
     steps.run("README.md (card) on main", kernel, lambda: api.create_commit(
-        plan.repo_id, repo_type="kernel", revision="main",
-        operations=[CommitOperationAdd("README.md", plan.card.encode())],
+        plan.repo_id, repo_type="kernel", revision="main", operations=card_ops,
         commit_message=f"Kernel card for {plan.branch}"))
 
     if plan.space_id:

@@ -11,7 +11,7 @@ cannot pass unnoticed.
 
     python scripts/benchmark_table.py [--out DIR] [--shapes 4096x4096x4096 ...] [--rungs persistent tiled]
 
-Writes <date>-benchmark.md and .json to --out (default benchmarks/results/).
+Writes <date>-benchmark.md, .json and .png to --out (default benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from matmul_checks import environment, environment_lines, gpu_clocks, load_kernel  # noqa: E402
 
 SHAPES = [
@@ -189,6 +190,12 @@ def main() -> int:
     stem = f"{datetime.date.today().isoformat()}-{args.tag}"
     (args.out / f"{stem}.md").write_text(text + "\n")
     (args.out / f"{stem}.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1) + "\n")
+    try:
+        from plot_benchmark import plot
+
+        plot({"environment": env, "rows": rows}, args.out / f"{stem}.png")
+    except ImportError:  # no matplotlib: the table is the result, the plot a convenience
+        print("matplotlib missing: no plot written", file=sys.stderr)
     print(text)
     return 0
 

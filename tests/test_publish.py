@@ -26,7 +26,7 @@ import yaml
 
 from hub_server import HubServer
 from kernelpress import cli
-from kernelpress.card import fill_card
+from kernelpress.card import fill_card, latest_benchmark_plot
 from kernelpress.publish import chunk, run_publish
 
 TOKEN = "hf_FAKEtoken0123456789SECRETabcdefXYZ"
@@ -113,6 +113,8 @@ def test_publish_kernel_card_and_space(hub, token, capsys, repo_root, monkeypatc
     assert not any("__pycache__" in p for p in kernel.branches["v1"])
 
     readme = kernel.branches["main"]["README.md"].decode()
+    assert "![TFLOP/s per shape and rung](benchmark.png)" in readme
+    assert kernel.branches["main"]["benchmark.png"] == latest_benchmark_plot(repo_root).read_bytes()
     assert readme == fill_card(repo_root, REPO_ID)
     front = yaml.safe_load(readme.split("---\n")[1])
     assert front["library_name"] == "kernels" and front["license"] == "apache-2.0"
