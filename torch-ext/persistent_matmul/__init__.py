@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from . import layers
-from ._matmul import TIMELINE_COLUMNS, linear, matmul, matmul_timeline, tile_config
+from ._compile import linear
+from ._matmul import TIMELINE_COLUMNS, matmul, matmul_timeline, tile_config
 from ._rungs import RUNGS, KernelAvailability, availability
 
 KERNELS = tuple(RUNGS)

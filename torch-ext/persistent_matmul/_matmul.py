@@ -129,13 +129,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto",
     return _run(a, b, None, out, kernel)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           kernel: str = "auto") -> torch.Tensor:
-    """``x @ weight.T + bias``, as ``torch.nn.functional.linear``.
+def check_linear_args(x, weight, bias, kernel) -> None:
+    """linear's per-argument checks that need no device, in the order linear has always made them.
 
-    ``x`` is (..., in_features), ``weight`` (out_features, in_features),
-    ``bias`` (out_features) or None; the bias is added in fp32 before the
-    result is rounded. Returns (..., out_features).
+    Runs in the caller's frame (also while torch.compile traces), before the
+    ``linear_fwd`` op, so bad Python arguments never reach the op's schema.
     """
     check_tensor(x, "x", tuple(range(1, 9)))
     check_tensor(weight, "weight", 2)
@@ -148,6 +146,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             f"x has {x.shape[-1]} features in its last dim but weight is {weight.shape[0]}x{weight.shape[1]} "
             "(out_features x in_features)"
         )
+    _check_kernel_name(kernel)
+
+
+def linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                kernel: str) -> torch.Tensor:
+    """The body of linear after check_linear_args: device checks, rung choice and the launch.
+
+    The ``linear_fwd`` custom op (_compile.py) runs this as its real kernel.
+    """
     if bias is not None and bias.numel() > 1 and bias.stride(0) != 1:
         bias = bias.contiguous()
     rows = 1

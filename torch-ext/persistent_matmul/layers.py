@@ -10,20 +10,37 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._matmul import linear
+from ._compile import linear
+from ._rungs import ALL_DTYPES
+
+
+def _kernels_take(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether persistent_matmul's kernels take this call: CUDA tensors of one supported dtype
+    on one device. Anything else (CPU tensors, float64, mixed dtypes, no CUDA device) falls
+    back to torch.nn.functional.linear."""
+    tensors = (input, weight) if bias is None else (input, weight, bias)
+    device, dtype = input.device, input.dtype
+    return (device.type == "cuda" and dtype in ALL_DTYPES
+            and all(t.device == device and t.dtype == dtype for t in tensors))
 
 
 class MatmulLinear(nn.Module):
-    """``nn.Linear.forward`` computed by persistent_matmul's best kernel, bias fused."""
+    """``nn.Linear.forward`` computed by persistent_matmul's best kernel, bias fused.
+
+    Goes through the ``linear_fwd`` custom op, which has a fake kernel and an
+    autograd formula: usable for training and under torch.compile(fullgraph=True).
+    Calls our kernels don't take run torch.nn.functional.linear instead.
+    """
 
     weight: torch.Tensor
     bias: torch.Tensor | None
 
-    # No autograd or fake registrations yet: inference in eager mode only.
-    has_backward = False
-    can_torch_compile = False
+    has_backward = True
+    can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not _kernels_take(input, self.weight, self.bias):
+            return nn.functional.linear(input, self.weight, self.bias)
         return linear(input, self.weight, self.bias)
 
 

@@ -1,0 +1,112 @@
+"""linear as one functional custom op, for torch.compile and autograd.
+
+``linear_fwd(x, weight, bias, kernel) -> Tensor`` is registered with
+``torch.library.custom_op`` in this build's op namespace. Its real kernel is
+``_matmul.linear_impl`` (device checks, rung choice, launch); its fake kernel
+gives the output's shape and dtype, so torch.compile(fullgraph=True) traces it
+as one opaque node; its autograd formula computes the gradients with the same
+op where our kernels take the tensors, else with torch.
+
+The public ``linear`` runs the argument checks that need no device first, in
+the caller's frame, then calls the op.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._matmul import check_linear_args, linear_impl
+from ._ops import add_op_namespace_prefix
+from ._rungs import ALL_DTYPES
+
+LINEAR_OP_NAME = add_op_namespace_prefix("linear_fwd")
+_SCHEMA = "(Tensor x, Tensor weight, Tensor? bias, str kernel) -> Tensor"
+
+
+def _linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], kernel: str) -> torch.Tensor:
+    return linear_impl(x, weight, bias, kernel)
+
+
+def _linear_fwd_fake(x, weight, bias, kernel):
+    torch._check(x.dim() >= 1, lambda: f"x must be at least 1-D, got {x.dim()}-D")
+    torch._check(weight.dim() == 2, lambda: f"weight must be 2-D, got {weight.dim()}-D")
+    torch._check(x.shape[-1] == weight.shape[1], lambda: "x's last dim must equal weight's in_features")
+    if bias is not None:
+        torch._check(bias.dim() == 1 and bias.shape[0] == weight.shape[0],
+                     lambda: "bias must be 1-D with out_features elements")
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _kernels_take(*tensors: torch.Tensor) -> bool:
+    """Whether our kernels take these tensors (one CUDA device, one supported dtype)."""
+    first = tensors[0]
+    return (first.device.type == "cuda" and first.dtype in ALL_DTYPES
+            and all(t.device == first.device and t.dtype == first.dtype for t in tensors))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, kernel = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+    ctx.kernel = kernel
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, kernel: str) -> torch.Tensor:
+    """a @ b for 2-D a, b: through linear_fwd (a @ (b.T).T) where our kernels take them, else torch."""
+    if _kernels_take(a, b):
+        return linear_op(a, b.t(), None, kernel)
+    return a @ b
+
+
+def _backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    n, k = weight.shape
+    rows = 1
+    for size in x.shape[:-1]:
+        rows *= size
+    grad2d = grad.reshape(rows, n)
+    grad_x = grad_weight = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_x = _mm(grad2d, weight, ctx.kernel).reshape(x.shape)
+    if ctx.needs_input_grad[1]:
+        grad_weight = _mm(grad2d.t(), x.reshape(rows, k), ctx.kernel)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_bias = grad2d.sum(0)
+    return grad_x, grad_weight, grad_bias, None
+
+
+def _defined(qualname: str) -> bool:
+    namespace, name = qualname.split("::")
+    try:
+        getattr(getattr(torch.ops, namespace), name)
+    except AttributeError:
+        return False
+    return True
+
+
+if not _defined(LINEAR_OP_NAME):  # a second import of this build reuses the registered op
+    _custom = torch.library.custom_op(LINEAR_OP_NAME, _linear_fwd, mutates_args=(), schema=_SCHEMA)
+    _custom.register_fake(_linear_fwd_fake)
+    _custom.register_autograd(_backward, setup_context=_setup_context)
+
+_namespace, _name = LINEAR_OP_NAME.split("::")
+linear_op = getattr(getattr(torch.ops, _namespace), _name).default
+"""The registered op (an OpOverload): ``linear_op(x, weight, bias, kernel)``."""
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           kernel: str = "auto") -> torch.Tensor:
+    """``x @ weight.T + bias``, as ``torch.nn.functional.linear``.
+
+    ``x`` is (..., in_features), ``weight`` (out_features, in_features),
+    ``bias`` (out_features) or None; the bias is added in fp32 before the
+    result is rounded. Returns (..., out_features). Differentiable, and traced
+    by torch.compile as one op.
+    """
+    check_linear_args(x, weight, bias, kernel)
+    return linear_op(x, weight, bias, kernel)
+
+
+__all__ = ["LINEAR_OP_NAME", "linear", "linear_op"]
