@@ -39,8 +39,11 @@ def _linear_fwd_fake(x, weight, bias, kernel):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _kernels_take(*tensors: torch.Tensor) -> bool:
-    """Whether our kernels take these tensors (one CUDA device, one supported dtype)."""
+def kernels_take(*tensors: torch.Tensor | None) -> bool:
+    """Whether our kernels take these tensors: CUDA tensors of one supported dtype on one
+    device (None entries, an absent bias, are ignored). Anything else (CPU tensors,
+    float64, mixed dtypes) is left to torch."""
+    tensors = tuple(t for t in tensors if t is not None)
     first = tensors[0]
     return (first.device.type == "cuda" and first.dtype in ALL_DTYPES
             and all(t.device == first.device and t.dtype == first.dtype for t in tensors))
@@ -55,7 +58,7 @@ def _setup_context(ctx, inputs, output):
 
 def _mm(a: torch.Tensor, b: torch.Tensor, kernel: str) -> torch.Tensor:
     """a @ b for 2-D a, b: through linear_fwd (a @ (b.T).T) where our kernels take them, else torch."""
-    if _kernels_take(a, b):
+    if kernels_take(a, b):
         return linear_op(a, b.t(), None, kernel)
     return a @ b
 

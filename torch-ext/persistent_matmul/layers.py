@@ -10,18 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._compile import linear
-from ._rungs import ALL_DTYPES
-
-
-def _kernels_take(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether persistent_matmul's kernels take this call: CUDA tensors of one supported dtype
-    on one device. Anything else (CPU tensors, float64, mixed dtypes, no CUDA device) falls
-    back to torch.nn.functional.linear."""
-    tensors = (input, weight) if bias is None else (input, weight, bias)
-    device, dtype = input.device, input.dtype
-    return (device.type == "cuda" and dtype in ALL_DTYPES
-            and all(t.device == device and t.dtype == dtype for t in tensors))
+from ._compile import kernels_take, linear
 
 
 class MatmulLinear(nn.Module):
@@ -39,7 +28,7 @@ class MatmulLinear(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not _kernels_take(input, self.weight, self.bias):
+        if not kernels_take(input, self.weight, self.bias):
             return nn.functional.linear(input, self.weight, self.bias)
         return linear(input, self.weight, self.bias)
 
