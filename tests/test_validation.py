@@ -395,3 +395,10 @@ def test_timeline_needs_nonempty_operands(pm, a_shape, b_shape):
 def test_timeline_on_cpu_says_no_cuda_device(pm):
     with pytest.raises(RuntimeError, match=NO_CUDA):
         pm.matmul_timeline(t(4, 4, dtype=torch.bfloat16), t(4, 4, dtype=torch.bfloat16))
+
+
+def test_tile_config_op_rejects_negative_sizes_and_a_missing_device(pm):
+    with pytest.raises(RuntimeError, match=r"tile_config needs m, n >= 0"):
+        pm._matmul.ops.tile_config(-1, 4, 0)
+    with pytest.raises(RuntimeError, match=r"tile_config needs a CUDA device; cuda:0 is not present"):
+        pm._matmul.ops.tile_config(4, 4, 0)
