@@ -27,7 +27,7 @@ struct MatmulProblem {
   // Instrumented launches only: one TileRecord per output tile (see
   // tensor_core_tile.cuh), nullptr for the normal path.
   void* timeline = nullptr;
-  // `persistent` only: 0 = grouped tile order, 1 = Hilbert (tile_scheduler.cuh).
+  // The persistent rungs only: 0 = grouped tile order, 1 = Hilbert (tile_scheduler.cuh).
   int32_t tile_order = 0;
 };
 
@@ -54,5 +54,11 @@ cudaError_t launch_tiled(const MatmulProblem& problem, cudaStream_t stream);
 cudaError_t launch_persistent(const MatmulProblem& problem, cudaStream_t stream);
 bool tensor_core_operands_ok(const MatmulProblem& problem);
 TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device);
+// Rungs 5 and 6, Hopper only (built for sm_90a; the caller checks the device):
+// TMA + wgmma, warp-specialized, one CTA per tile / persistent. Same operand
+// rules as the tensor-core rungs (tensor_core_operands_ok).
+cudaError_t launch_wgmma(const MatmulProblem& problem, cudaStream_t stream);
+cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t stream);
+TileConfig wgmma_tile_config(int64_t m, int64_t n, int device);
 
 }  // namespace persistent_matmul

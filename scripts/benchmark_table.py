@@ -37,6 +37,20 @@ SHAPES = [
 ]
 L2_ROTATION_BYTES = 3 * 60 * 2**20  # input sets together exceed the H200's 60 MB L2 three times
 NAIVE_MAX_FLOP = 4.0e11  # the naive rung runs ~5 TFLOP/s: skip shapes that would take seconds
+# (persistent rung, its one-CTA-per-tile twin): the table adds their ratio and
+# a column for the persistent rung in Hilbert tile order.
+PERSISTENT_PAIRS = [("persistent", "tiled"), ("wgmma_persistent", "wgmma")]
+HILBERT = "-hilbert"
+
+
+def with_hilbert_columns(rungs: list[str]) -> list[str]:
+    """rungs, plus "<persistent rung>-hilbert" after each persistent rung among them."""
+    out = []
+    for name in rungs:
+        out.append(name)
+        if any(name == p for p, _ in PERSISTENT_PAIRS):
+            out.append(name + HILBERT)
+    return out
 
 
 def warm_up_gpu(seconds: float = 2.0) -> None:
@@ -84,8 +98,9 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
     def runner(name):
         if name == "torch.matmul":
             return lambda i: torch.matmul(*inputs[i % sets], out=out)
-        if name == "persistent-hilbert":  # the persistent rung in Hilbert tile order, through matmul's path
-            return lambda i: pm._matmul._run(*inputs[i % sets], None, out, "persistent", tile_order="hilbert")
+        if name.endswith(HILBERT):  # a persistent rung in Hilbert tile order, through matmul's path
+            rung = name.removesuffix(HILBERT)
+            return lambda i: pm._matmul._run(*inputs[i % sets], None, out, rung, tile_order="hilbert")
         return lambda i: pm.matmul(*inputs[i % sets], kernel=name, out=out)
 
     row = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "input_sets": sets, "results": {}}
@@ -122,8 +137,9 @@ def markdown(env: dict, rows: list[dict], columns: list[str]) -> str:
         sub = [r for r in rows if r["dtype"] == dtype]
         lines += [f"### {dtype}" + (" (torch.matmul with TF32 off)" if dtype == "float32" else ""), ""]
         header = "| M x N x K | torch.matmul TFLOP/s | " + " | ".join(f"{c} TFLOP/s (ratio)" for c in columns)
-        if "persistent" in columns and "tiled" in columns:
-            header += " | persistent / tiled"
+        pairs = [(p, t) for p, t in PERSISTENT_PAIRS if p in columns and t in columns]
+        for p, t in pairs:
+            header += f" | {p} / {t}"
         lines += [header + " |", "|" + "---|" * (header.count("|") - 0)]
         for r in sub:
             res = r["results"]
@@ -137,8 +153,8 @@ def markdown(env: dict, rows: list[dict], columns: list[str]) -> str:
                 else:
                     flag = "" if x["rel_error"] < 2e-2 else " **WRONG**"
                     cells.append(f"{x['tflops']:.1f} ({x['ratio']:.2f}x){flag}")
-            if "persistent" in columns and "tiled" in columns:
-                p, t = res.get("persistent", {}), res.get("tiled", {})
+            for p_name, t_name in pairs:
+                p, t = res.get(p_name, {}), res.get(t_name, {})
                 cells.append(f"{p['tflops'] / t['tflops']:.2f}x" if "tflops" in p and "tflops" in t else "n/a")
             lines.append("| " + " | ".join(cells) + " |")
         for c in columns:
@@ -146,11 +162,12 @@ def markdown(env: dict, rows: list[dict], columns: list[str]) -> str:
             if ratios:
                 lines.append(f"\ngeomean ratio to torch.matmul, {c}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}"
                              f" over {len(ratios)} shapes")
-        if "persistent" in columns and "tiled" in columns:
-            speedups = [r["results"]["persistent"]["tflops"] / r["results"]["tiled"]["tflops"] for r in sub
-                        if "tflops" in r["results"].get("persistent", {}) and "tflops" in r["results"].get("tiled", {})]
+        for p_name, t_name in pairs:
+            speedups = [r["results"][p_name]["tflops"] / r["results"][t_name]["tflops"] for r in sub
+                        if "tflops" in r["results"].get(p_name, {}) and "tflops" in r["results"].get(t_name, {})]
             if speedups:
-                lines.append(f"geomean persistent / tiled: {math.exp(sum(map(math.log, speedups)) / len(speedups)):.3f}")
+                lines.append(f"geomean {p_name} / {t_name}: "
+                             f"{math.exp(sum(map(math.log, speedups)) / len(speedups)):.3f}")
         lines.append("")
     return "\n".join(lines)
 
@@ -173,18 +190,15 @@ def main() -> int:
     rows = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
-        rungs = [n for n in (args.rungs or available) if n in available and dtype in available[n].dtypes]
-        if "persistent" in rungs:
-            rungs.append("persistent-hilbert")
+        rungs = with_hilbert_columns([n for n in (args.rungs or available)
+                                      if n in available and dtype in available[n].dtypes])
         for m, n, k in args.shapes:
             row = bench_shape(pm, m, n, k, dtype, rungs, tf32=False)
             rows.append(row)
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "results"}),
                   {name: round(r.get("tflops", 0), 1) for name, r in row["results"].items()}, flush=True)
     env["clocks_at_end"] = gpu_clocks()
-    columns = [n for n in (args.rungs or available) if n in available]
-    if "persistent" in columns:
-        columns.append("persistent-hilbert")
+    columns = with_hilbert_columns([n for n in (args.rungs or available) if n in available])
     text = markdown(env, rows, columns)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}-{args.tag}"

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The one command to run on the GPU device machine, from the repo root, with $OUT set:
 #
-#   bash scripts/device_run.sh            (carry: build and .whl)
+#   bash scripts/device_run.sh [STEP ...]   (carry: build and .whl)
+#
+# With no STEP every step runs, else the set-up steps and the named ones, e.g.
+#   bash scripts/device_run.sh smoke gpu_tests benchmark sass
+# Steps: smoke gpu_tests sweep demo benchmark sanitizers profile sass.
 #
 # Steps: install the carried wheels (.whl/, if present), print the GPU, check that the
 # prebuilt variant in build/ loads under the device's torch, run the GPU tests, the
@@ -69,7 +73,7 @@ EOF
 gpu_tests() {
   # --continue-on-collection-errors: a CPU-only test module that cannot be imported here
   # (say, for a package the device lacks) is reported, but the GPU tests still run.
-  timeout 120 "$PY" -m pytest -m gpu tests -q -ra -p no:cacheprovider --continue-on-collection-errors \
+  timeout 300 "$PY" -m pytest -m gpu tests -q -ra -p no:cacheprovider --continue-on-collection-errors \
     2>&1 | tee -a "$OUT/device.log"
 }
 
@@ -82,7 +86,8 @@ demo() {
 }
 
 benchmark() {
-  timeout 150 "$PY" scripts/benchmark_table.py --out "$OUT" 2>&1 | tee -a "$OUT/device.log"
+  # shellcheck disable=SC2086  # BENCH_ARGS: extra arguments, word-split on purpose
+  timeout 300 "$PY" scripts/benchmark_table.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
 }
 
 # Nsight Compute on the tensor-core and fp32 kernels at 4096^3 (clocks left alone).
@@ -115,22 +120,55 @@ sanitizer() {
   return $rc
 }
 
+# Each rung in its own process under a timeout: a kernel that hangs (a pipeline
+# deadlock) is reported and killed, not waited on.
+smoke() {
+  local rung rc=0
+  for rung in naive warptiled tiled persistent wgmma wgmma_persistent; do
+    timeout 60 "$PY" scripts/smoke_test.py "$rung" 2>&1 | tee -a "$OUT/device.log" || rc=1
+  done
+  return $rc
+}
+
+# The Hopper rungs' machine code: wgmma (HGMMA) and TMA loads (UTMALDG) in the sm_90a SASS.
+sass() {
+  local so
+  so=$(ls build/torch-*/*.so | head -1)
+  cuobjdump --dump-sass --gpu-architecture sm_90a "$so" >/tmp/sass.txt 2>&1 || return 1
+  grep -oE "HGMMA\.[0-9x]+\.F32(\.BF16)?|UTMALDG\.2D|USETMAXREG\.[A-Z.]+|SYNCS\.[A-Z.]+" /tmp/sass.txt |
+    sort | uniq -c | tee -a "$OUT/device.log"
+  grep -q HGMMA /tmp/sass.txt && grep -q UTMALDG /tmp/sass.txt
+}
+
+sanitizers() {
+  local rung
+  for rung in naive warptiled tiled persistent wgmma wgmma_persistent; do
+    run_step "compute-sanitizer memcheck $rung" sanitizer memcheck "$rung"
+  done
+  run_step "compute-sanitizer racecheck" sanitizer racecheck
+}
+
 run_step "install carried wheels" install_wheels
 if [ -d /tmp/site ]; then
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 run_step "GPU info" gpu_info
 run_step "load the prebuilt variant" check_variant
-run_step "GPU tests (pytest -m gpu)" gpu_tests
-run_step "correctness sweep" sweep
-run_step "demo --record" demo
-run_step "benchmark table" benchmark
-run_step "compute-sanitizer memcheck naive" sanitizer memcheck naive
-run_step "compute-sanitizer memcheck tiled" sanitizer memcheck tiled
-run_step "compute-sanitizer memcheck persistent" sanitizer memcheck persistent
-run_step "compute-sanitizer memcheck warptiled" sanitizer memcheck warptiled
-run_step "compute-sanitizer racecheck" sanitizer racecheck
-run_step "ncu profile" profile
+STEPS=("$@")
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(smoke gpu_tests sweep demo benchmark sanitizers profile sass)
+for step in "${STEPS[@]}"; do
+  case $step in
+    smoke) run_step "smoke test, every rung" smoke ;;
+    gpu_tests) run_step "GPU tests (pytest -m gpu)" gpu_tests ;;
+    sweep) run_step "correctness sweep" sweep ;;
+    demo) run_step "demo --record" demo ;;
+    benchmark) run_step "benchmark table" benchmark ;;
+    sanitizers) sanitizers ;;
+    profile) run_step "ncu profile" profile ;;
+    sass) run_step "sm_90a SASS: HGMMA and TMA" sass ;;
+    *) echo "unknown step: $step"; FAILED+=("$step") ;;
+  esac
+done
 run_step "GPU info after" gpu_info
 
 echo

@@ -176,11 +176,29 @@ def cancellation_floor(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.linalg.vector_norm(magnitude).item() / math.sqrt(k)
 
 
+def underflow_floor(out: torch.Tensor) -> float:
+    """The smallest denominator for which rounding in ``out``'s subnormal range
+    always passes ``TOLERANCE``: ``sqrt(numel) * spacing / 2 / tolerance``.
+
+    Below the smallest normal number a dtype's spacing is fixed (fp16: 2^-24,
+    about 6e-8), so rounding there has an absolute, not relative, error: a
+    correctly rounded fp16 output of magnitude 1e-5 is off by up to 0.3%. Only
+    outputs that tiny are affected (fp16 below ~1.5e-5 per element; bf16 and
+    fp32 share fp32's exponent range, where it is negligible).
+    """
+    info = torch.finfo(out.dtype)
+    spacing = info.smallest_normal * info.eps
+    tolerance = TOLERANCE.get(out.dtype, 1e-4)
+    return math.sqrt(out.numel()) * spacing / 2 / tolerance
+
+
 def matmul_error(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                  bias: torch.Tensor | None = None) -> float:
     """The check's error measure for ``out`` = ``a @ b (+ bias)``: ``rel_error``
-    against the fp64 reference, with ``cancellation_floor(a, b)``."""
-    return rel_error(out.reshape(a.shape[0], b.shape[1]), reference(a, b, bias), cancellation_floor(a, b))
+    against the fp64 reference, with the larger of ``cancellation_floor(a, b)``
+    and ``underflow_floor(out)``."""
+    floor = max(cancellation_floor(a, b), underflow_floor(out))
+    return rel_error(out.reshape(a.shape[0], b.shape[1]), reference(a, b, bias), floor)
 
 
 def poison(out: torch.Tensor) -> torch.Tensor:

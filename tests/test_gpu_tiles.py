@@ -13,23 +13,30 @@ from matmul_checks import TOLERANCE, matmul_error, nan_count, poison, random_ope
 
 pytestmark = pytest.mark.gpu
 
-TENSOR_CORE_RUNGS = ["tiled", "persistent"]
+TENSOR_CORE_RUNGS = ["tiled", "persistent", "wgmma", "wgmma_persistent"]
+PERSISTENT_RUNGS = ("persistent", "wgmma_persistent")
 TIMELINE_SHAPES = [(1, 1, 1), (129, 65, 70), (1000, 1000, 1000), (4097, 4097, 256), (8192, 8192, 64)]
 
 
-TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent", "hilbert")]
+TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent", "hilbert"),
+                 ("wgmma", "grouped"), ("wgmma_persistent", "grouped"), ("wgmma_persistent", "hilbert")]
+
+
+def skip_unless_runs(pm, kernel):
+    info = pm.available_kernels()[kernel]
+    if not info.available:
+        pytest.skip(f"{kernel}: {info.reason}")
 
 
 @pytest.mark.parametrize("kernel, order", TIMELINE_RUNS, ids=[f"{k}-{o}" for k, o in TIMELINE_RUNS])
 @pytest.mark.parametrize("m, n, k", TIMELINE_SHAPES)
 def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
-    if not pm.available_kernels()[kernel].available:
-        pytest.skip(pm.available_kernels()[kernel].reason)
+    skip_unless_runs(pm, kernel)
     a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
     out, timeline = pm.matmul_timeline(a, b, kernel=kernel, tile_order=order)
     torch.cuda.synchronize()
     assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
-    cfg = pm.tile_config(m, n)
+    cfg = pm.tile_config(m, n, kernel=kernel)
     rows = timeline.cpu()
     tile_m, tile_n, sm, cta, start, end = rows.unbind(1)
     tiles_m, tiles_n = -(-m // cfg["block_m"]), -(-n // cfg["block_n"])
@@ -39,7 +46,7 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
     assert bool((start < end).all()), "every tile has start < end"
     assert int(sm.min()) >= 0 and int(sm.max()) < torch.cuda.get_device_properties(0).multi_processor_count
     ctas = set(cta.tolist())
-    if kernel == "persistent":
+    if kernel in PERSISTENT_RUNGS:
         if order == "grouped":
             assert len(ctas) == cfg["persistent_ctas"] <= cfg["tiles"], "grid = the CTAs tile_config reports"
         else:  # Hilbert strides CTAs over a covering square: a CTA may get no tile
@@ -52,25 +59,30 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
             s, e = mine[order, 4], mine[order, 5]
             assert bool((s[1:] >= e[:-1]).all()), f"CTA {c} overlaps its own tiles"
     else:
-        assert ctas == set(range(cfg["tiles"])), "tiled launches one CTA per tile"
+        assert ctas == set(range(cfg["tiles"])), f"{kernel} launches one CTA per tile"
 
 
-def test_persistent_grid_fills_the_device_once(pm):
+@pytest.mark.parametrize("kernel", PERSISTENT_RUNGS)
+def test_persistent_grid_fills_the_device_once(pm, kernel):
+    skip_unless_runs(pm, kernel)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cfg = pm.tile_config(8192, 8192)
+    cfg = pm.tile_config(8192, 8192, kernel=kernel)
     assert cfg["tiles"] > sms
     assert sms <= cfg["persistent_ctas"] <= 4 * sms
     assert cfg["persistent_ctas"] % sms == 0
 
 
 CHUNKED_RUNGS = [("tiled", torch.bfloat16), ("tiled", torch.float16), ("persistent", torch.bfloat16),
-                 ("persistent", torch.float16), ("warptiled", torch.float32)]
+                 ("persistent", torch.float16), ("warptiled", torch.float32),
+                 ("wgmma", torch.bfloat16), ("wgmma", torch.float16),
+                 ("wgmma_persistent", torch.bfloat16), ("wgmma_persistent", torch.float16)]
 
 
 @pytest.mark.parametrize("kernel, dtype", CHUNKED_RUNGS, ids=[f"{k}-{str(d)[6:]}" for k, d in CHUNKED_RUNGS])
 @pytest.mark.parametrize("layout", ["row-major", "linear-weight", "transposed-a", "ld4097", "offset"])
 def test_layouts_that_need_a_copy_or_not(pm, kernel, dtype, layout):
     """Every layout users pass to the rungs that load 16-byte chunks, with tails in M, N and K."""
+    skip_unless_runs(pm, kernel)
     m, n, k = 300, 260, 4097
     gen_a = torch.randn(m + 1, k + 7, device="cuda", dtype=dtype)
     gen_b = torch.randn(k + 1, n + 7, device="cuda", dtype=dtype)
@@ -92,15 +104,42 @@ def test_layouts_that_need_a_copy_or_not(pm, kernel, dtype, layout):
 
 
 @pytest.mark.parametrize("kernel, dtype", CHUNKED_RUNGS[::2], ids=[f"{k}-{str(d)[6:]}" for k, d in CHUNKED_RUNGS[::2]])
-@pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (128, 4096, 512), (129, 8, 8200), (2048, 2048, 31)])
+@pytest.mark.parametrize("m, n, k", [(16, 4096, 4096), (128, 4096, 512), (129, 8, 8200), (2048, 2048, 31),
+                                     (1536, 2816, 72), (1408, 2816, 72)])
 def test_tile_size_boundaries(pm, kernel, dtype, m, n, k):
     """Shapes around the large/small tile switch and with K tails inside a 16-byte chunk."""
+    skip_unless_runs(pm, kernel)
     a, b = random_operands(m, n, k, dtype, "cuda")
     out = poison(torch.empty(m, n, device="cuda", dtype=dtype))
     pm.matmul(a, b, kernel=kernel, out=out)
     torch.cuda.synchronize()
     assert nan_count(out) == 0
     assert matmul_error(out, a, b) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("kernel", TENSOR_CORE_RUNGS)
+def test_overlapping_rows_are_copied(pm, kernel):
+    """expand() gives a leading stride of 0: rows overlap, which TMA cannot describe."""
+    skip_unless_runs(pm, kernel)
+    row = torch.randn(1, 72, device="cuda", dtype=torch.bfloat16)
+    a = row.expand(200, 72)
+    b = torch.randn(72, 136, device="cuda", dtype=torch.bfloat16)
+    out = pm.matmul(a, b, kernel=kernel)
+    torch.cuda.synchronize()
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "wgmma_persistent"])
+def test_hopper_op_checks_the_timeline_size(pm, kernel):
+    skip_unless_runs(pm, kernel)
+    a = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 300, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(300, 300, device="cuda", dtype=torch.bfloat16)
+    tiles = pm.tile_config(300, 300, kernel=kernel)["tiles"]
+    wrong = torch.zeros(tiles + 1, 6, device="cuda", dtype=torch.int64)
+    args = (a, b, None, out, wrong) + ((0,) if kernel == "wgmma_persistent" else ())
+    with pytest.raises(RuntimeError, match=rf"timeline must be a contiguous int64 tensor of shape \[{tiles}, 6\]"):
+        getattr(pm._matmul.ops, kernel)(*args)
 
 
 def test_tensor_core_rung_rejects_float32(pm):

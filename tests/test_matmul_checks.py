@@ -103,6 +103,24 @@ def test_matmul_error_survives_a_cancelling_dot_product():
     assert matmul_error(wrong, a, b) > TOLERANCE[torch.float32]
 
 
+def test_matmul_error_survives_fp16_subnormal_outputs():
+    """The flake seen on the H200 (fp16, m=1 n=64 k=1): a tiny a makes every product
+    subnormal in fp16, where a correctly rounded result is off by more than 2e-3
+    relative; the underflow floor lets it pass, and a wrong result still fails."""
+    a = torch.full((1, 1), 2.0**-20, dtype=torch.float16)  # products below fp16's smallest normal, 2^-14
+    b = torch.linspace(0.011, 0.9, 64, dtype=torch.float64).reshape(1, 64).half()
+    ref = reference(a, b)
+    good = ref.half()  # correctly rounded, subnormal
+    assert rel_error(good, ref) > TOLERANCE[torch.float16]  # the unfloored measure fails
+    assert matmul_error(good, a, b) < TOLERANCE[torch.float16]
+    assert matmul_error(torch.zeros_like(good), a, b) > TOLERANCE[torch.float16]  # nothing written: fails
+    # Outputs of normal size are untouched by the floor: one wrong element in 64 fails.
+    a_normal, b_normal = torch.ones_like(a), b
+    wrong = reference(a_normal, b_normal).half()
+    wrong[0, 7] *= 1.5
+    assert matmul_error(wrong, a_normal, b_normal) > TOLERANCE[torch.float16]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rounding_a_product_passes_the_tolerance_and_an_error_fails_it(dtype):
     """The bounds are neither too tight (a correctly rounded product passes) nor

@@ -382,7 +382,7 @@ def test_timeline_unknown_tile_order(pm):
 
 
 def test_timeline_needs_an_instrumented_rung(pm):
-    with pytest.raises(ValueError, match=r"^kernel 'naive' has no instrumented build; choose one of: tiled, persistent$"):
+    with pytest.raises(ValueError, match=r"^kernel 'naive' has no instrumented build; choose one of: tiled, persistent, wgmma, wgmma_persistent$"):
         pm.matmul_timeline(t(4, 4), t(4, 4), kernel="naive")
 
 

@@ -76,9 +76,12 @@ MatmulProblem describe(const Tensor& a, const Tensor& b, const std::optional<Ten
 }
 
 using Launcher = cudaError_t (*)(const MatmulProblem&, cudaStream_t);
+using TileConfigOf = persistent_matmul::TileConfig (*)(int64_t m, int64_t n, int device);
 
-// Checks the operands of a tensor-core rung and attaches the timeline buffer.
-void prepare_tensor_core(MatmulProblem& problem, const Tensor& a, const std::optional<Tensor>& timeline) {
+// Checks the operands of a tensor-core rung and attaches the timeline buffer,
+// which needs one row per output tile of the rung's tile configuration.
+void prepare_tensor_core(MatmulProblem& problem, const Tensor& a, const std::optional<Tensor>& timeline,
+                         TileConfigOf tile_config_of = persistent_matmul::tensor_core_tile_config) {
   STD_TORCH_CHECK(problem.dtype != ElementType::kFloat32,
                   "persistent_matmul: the tensor-core rungs take float16 and bfloat16, not float32");
   STD_TORCH_CHECK(persistent_matmul::tensor_core_operands_ok(problem),
@@ -88,11 +91,25 @@ void prepare_tensor_core(MatmulProblem& problem, const Tensor& a, const std::opt
   if (!timeline.has_value()) return;
   const Tensor& t = *timeline;
   check_cuda_on(t, "timeline", a.get_device_index());
-  const auto cfg = persistent_matmul::tensor_core_tile_config(problem.m, problem.n, a.get_device_index());
+  const auto cfg = tile_config_of(problem.m, problem.n, a.get_device_index());
   STD_TORCH_CHECK(t.scalar_type() == ScalarType::Long && t.dim() == 2 && t.size(0) == cfg.tiles &&
                       t.size(1) == 6 && t.stride(0) == 6 && t.stride(1) == 1,
                   "persistent_matmul: timeline must be a contiguous int64 tensor of shape [", cfg.tiles, ", 6]");
   problem.timeline = t.data_ptr();
+}
+
+// The Hopper rungs have machine code for sm_90a only.
+void check_hopper(int32_t device) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  STD_TORCH_CHECK(major == 9 && minor == 0, "persistent_matmul: the wgmma rungs need a Hopper GPU (compute capability "
+                  "9.0); cuda:", device, " is ", major, ".", minor);
+}
+
+void check_tile_order(int64_t tile_order) {
+  STD_TORCH_CHECK(tile_order == 0 || tile_order == 1,
+                  "persistent_matmul: tile_order must be 0 (grouped) or 1 (Hilbert), got ", tile_order);
 }
 
 void launch_on_stream(Launcher launch, const MatmulProblem& problem, int32_t device) {
@@ -139,20 +156,39 @@ void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bia
 
 void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                    const std::optional<Tensor>& timeline, int64_t tile_order) {
-  STD_TORCH_CHECK(tile_order == 0 || tile_order == 1,
-                  "persistent_matmul: tile_order must be 0 (grouped) or 1 (Hilbert), got ", tile_order);
+  check_tile_order(tile_order);
   MatmulProblem problem = describe(a, b, bias, out);
   prepare_tensor_core(problem, a, timeline);
   problem.tile_order = static_cast<int32_t>(tile_order);
   launch_on_stream(persistent_matmul::launch_persistent, problem, a.get_device_index());
 }
 
-std::vector<int64_t> tile_config(int64_t m, int64_t n, int64_t device) {
+void wgmma_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
+              const std::optional<Tensor>& timeline) {
+  MatmulProblem problem = describe(a, b, bias, out);
+  check_hopper(a.get_device_index());
+  prepare_tensor_core(problem, a, timeline, persistent_matmul::wgmma_tile_config);
+  launch_on_stream(persistent_matmul::launch_wgmma, problem, a.get_device_index());
+}
+
+void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
+                         const std::optional<Tensor>& timeline, int64_t tile_order) {
+  check_tile_order(tile_order);
+  MatmulProblem problem = describe(a, b, bias, out);
+  check_hopper(a.get_device_index());
+  prepare_tensor_core(problem, a, timeline, persistent_matmul::wgmma_tile_config);
+  problem.tile_order = static_cast<int32_t>(tile_order);
+  launch_on_stream(persistent_matmul::launch_wgmma_persistent, problem, a.get_device_index());
+}
+
+std::vector<int64_t> tile_config(int64_t m, int64_t n, int64_t device, bool hopper) {
   STD_TORCH_CHECK(m >= 0 && n >= 0, "persistent_matmul: tile_config needs m, n >= 0");
   int devices = 0;
   STD_TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices,
                   "persistent_matmul: tile_config needs a CUDA device; cuda:", device, " is not present");
-  const auto cfg = persistent_matmul::tensor_core_tile_config(m, n, static_cast<int>(device));
+  if (hopper) check_hopper(static_cast<int32_t>(device));
+  const auto cfg = hopper ? persistent_matmul::wgmma_tile_config(m, n, static_cast<int>(device))
+                          : persistent_matmul::tensor_core_tile_config(m, n, static_cast<int>(device));
   return {cfg.block_m, cfg.block_n, cfg.block_k, cfg.tiles, cfg.persistent_ctas};
 }
 
@@ -162,7 +198,10 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("tiled(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
   ops.def(
       "persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=0) -> ()");
-  ops.def("tile_config(int m, int n, int device) -> int[]");
+  ops.def("wgmma(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
+  ops.def(
+      "wgmma_persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=0) -> ()");
+  ops.def("tile_config(int m, int n, int device, bool hopper=False) -> int[]");
 }
 
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
@@ -170,6 +209,8 @@ STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
   ops.impl("warptiled", TORCH_BOX(&warptiled_op));
   ops.impl("tiled", TORCH_BOX(&tiled_op));
   ops.impl("persistent", TORCH_BOX(&persistent_op));
+  ops.impl("wgmma", TORCH_BOX(&wgmma_op));
+  ops.impl("wgmma_persistent", TORCH_BOX(&wgmma_persistent_op));
 }
 
 // tile_config takes no tensor, so it is registered for every dispatch key.

@@ -24,5 +24,12 @@ void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bia
 void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                    const std::optional<Tensor>& timeline, int64_t tile_order);
 
-// [block_m, block_n, block_k, tiles, persistent CTAs] for an m x n output on `device`.
-std::vector<int64_t> tile_config(int64_t m, int64_t n, int64_t device);
+// Hopper only (sm_90a): TMA + wgmma, one CTA per tile / persistent.
+void wgmma_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
+              const std::optional<Tensor>& timeline);
+void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
+                         const std::optional<Tensor>& timeline, int64_t tile_order);
+
+// [block_m, block_n, block_k, tiles, persistent CTAs] for an m x n output on
+// `device`: of tiled/persistent, or with `hopper` of wgmma/wgmma_persistent.
+std::vector<int64_t> tile_config(int64_t m, int64_t n, int64_t device, bool hopper);

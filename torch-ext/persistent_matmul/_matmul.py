@@ -59,16 +59,19 @@ def kernel_operands(a: torch.Tensor, b: torch.Tensor, chunk: int) -> tuple[torch
     """
     m, k = a.shape
     n = b.shape[1]
-    if not (_aligned(a) and (a.stride(1) == 1 or k == 1) and (m == 1 or a.stride(0) % chunk == 0)):
+    # Rows must not overlap (a leading stride below the row length, e.g. 0 from
+    # expand(), is copied too): the Hopper rungs' tensor maps need that.
+    if not (_aligned(a) and (a.stride(1) == 1 or k == 1) and (m == 1 or (a.stride(0) % chunk == 0
+                                                                         and a.stride(0) >= k))):
         a = _padded_copy(a, contiguous_dim=1, chunk=chunk)
-    k_major = (b.stride(0) == 1 or k == 1) and (n == 1 or b.stride(1) % chunk == 0)
-    n_major = (b.stride(1) == 1 or n == 1) and (k == 1 or b.stride(0) % chunk == 0)
+    k_major = (b.stride(0) == 1 or k == 1) and (n == 1 or (b.stride(1) % chunk == 0 and b.stride(1) >= k))
+    n_major = (b.stride(1) == 1 or n == 1) and (k == 1 or (b.stride(0) % chunk == 0 and b.stride(0) >= n))
     if not (_aligned(b) and (k_major or n_major)):
         b = _padded_copy(b, contiguous_dim=0 if b.stride(0) == 1 else 1, chunk=chunk)
     return a, b
 
 
-# Tile orders of the persistent rung's scheduler (csrc/tile_scheduler.cuh).
+# Tile orders of the persistent rungs' scheduler (csrc/tile_scheduler.cuh).
 TILE_ORDERS = {"grouped": 0, "hilbert": 1}
 DEFAULT_TILE_ORDER = "grouped"  # measured faster on 8 of 11 benchmark shapes
 
@@ -101,8 +104,8 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
         return out
     if rung.chunk_elements:
         a, b = kernel_operands(a, b, rung.chunk_elements)
-    if rung.name == "persistent":
-        ops.persistent(a, b, bias, out, timeline, TILE_ORDERS[tile_order])
+    if rung.takes_tile_order:
+        getattr(ops, rung.op_name)(a, b, bias, out, timeline, TILE_ORDERS[tile_order])
     elif rung.has_timeline:
         getattr(ops, rung.op_name)(a, b, bias, out, timeline)
     else:
@@ -165,10 +168,19 @@ def linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def tile_config(m: int, n: int, device: torch.device | int | None = None) -> dict[str, int]:
-    """How the tensor-core rungs tile an m x n output on ``device``: block
-    sizes, the number of output tiles (= CTAs of ``tiled``) and the CTAs
-    ``persistent`` launches (what fills the device once)."""
+def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
+                kernel: str = "persistent") -> dict[str, int]:
+    """How a tensor-core rung tiles an m x n output on ``device``: block
+    sizes, the number of output tiles (= CTAs of the one-CTA-per-tile rung)
+    and the CTAs its persistent twin launches (what fills the device once).
+
+    ``tiled`` and ``persistent`` share one configuration, ``wgmma`` and
+    ``wgmma_persistent`` another (Hopper only).
+    """
+    _check_kernel_name(kernel)
+    if kernel == "auto" or not RUNGS[kernel].has_timeline:
+        names = ", ".join(n for n, r in RUNGS.items() if r.has_timeline)
+        raise ValueError(f"kernel {kernel!r} has no tile configuration; choose one of: {names}")
     if device is None:
         index = torch.cuda.current_device()
     elif isinstance(device, int):
@@ -176,7 +188,7 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None) -> dic
     else:
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
-    block_m, block_n, block_k, tiles, ctas = ops.tile_config(int(m), int(n), int(index))
+    block_m, block_n, block_k, tiles, ctas = ops.tile_config(int(m), int(n), int(index), RUNGS[kernel].hopper_tiles)
     return {"block_m": block_m, "block_n": block_n, "block_k": block_k, "tiles": tiles, "persistent_ctas": ctas}
 
 
@@ -187,8 +199,8 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
                     tile_order: str = DEFAULT_TILE_ORDER) -> tuple[torch.Tensor, torch.Tensor]:
     """``a @ b`` through the instrumented build of a tensor-core rung.
 
-    ``tile_order`` ("grouped" or "hilbert") is the persistent rung's tile
-    order; ``tiled`` always runs in grouped order.
+    ``tile_order`` ("grouped" or "hilbert") is the persistent rungs' tile
+    order; the one-CTA-per-tile rungs always run in grouped order.
 
     Returns (out, timeline): timeline is int64 [tiles, 6], one row per output
     tile with the columns of TIMELINE_COLUMNS, read from %smid and
@@ -210,7 +222,8 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
     if min(a.shape[0], a.shape[1], b.shape[1]) == 0:
         raise ValueError(f"matmul_timeline needs M, N and K >= 1, got a {tuple(a.shape)} and b {tuple(b.shape)}")
     device = check_cuda({"a": a, "b": b})
-    tiles = tile_config(a.shape[0], b.shape[1], device)["tiles"]
+    rung = _choose_rung(kernel, a.dtype, device)  # before tile_config: names a device that lacks the rung
+    tiles = tile_config(a.shape[0], b.shape[1], device, kernel=rung.name)["tiles"]
     timeline = torch.full((tiles, len(TIMELINE_COLUMNS)), -1, dtype=torch.int64, device=device)
     out = _run(a, b, None, None, kernel, timeline=timeline, tile_order=tile_order)
     return out, timeline

@@ -26,6 +26,10 @@ class Rung:
     chunk_elements: int = 0
     # Whether an instrumented build records a timeline (tensor-core rungs).
     has_timeline: bool = False
+    # Whether the op takes a tile order (the persistent rungs' scheduler).
+    takes_tile_order: bool = False
+    # Whether the tile configuration is the Hopper rungs' (tile_config(..., hopper=True)).
+    hopper_tiles: bool = False
 
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -70,14 +74,39 @@ RUNGS: dict[str, Rung] = {
             summary="the tiled tile code, one wave of CTAs looping over tiles; next tile's loads overlap the epilogue",
             chunk_elements=8,
             has_timeline=True,
+            takes_tile_order=True,
+        ),
+        Rung(
+            name="wgmma",
+            op_name="wgmma",
+            dtypes=HALF_DTYPES,
+            min_capability=(9, 0),
+            exact_capability=(9, 0),
+            summary="Hopper: TMA loads, wgmma, producer/consumer warpgroups with mbarriers; one CTA per 128x256 tile",
+            chunk_elements=8,
+            has_timeline=True,
+            hopper_tiles=True,
+        ),
+        Rung(
+            name="wgmma_persistent",
+            op_name="wgmma_persistent",
+            dtypes=HALF_DTYPES,
+            min_capability=(9, 0),
+            exact_capability=(9, 0),
+            summary="the wgmma CTA, one wave looping over tiles; the producer loads the next tile during the epilogue",
+            chunk_elements=8,
+            has_timeline=True,
+            takes_tile_order=True,
+            hopper_tiles=True,
         ),
     )
 }
 
 # Best first: `kernel="auto"` takes the first available rung that takes the dtype.
-# tiled before persistent: on the H200 tiled measured 1.06x persistent (geomean
-# over the benchmark shapes, benchmarks/results/2026-11-29-benchmark.md).
-AUTO_ORDER = ("tiled", "persistent", "warptiled", "naive")
+# The Hopper rungs run only on compute capability 9.0; elsewhere tiled comes
+# first: on the H200 tiled measured 1.06x persistent (geomean over the
+# benchmark shapes, benchmarks/results/2026-11-29-benchmark.md).
+AUTO_ORDER = ("wgmma_persistent", "wgmma", "tiled", "persistent", "warptiled", "naive")
 
 
 @dataclass(frozen=True)

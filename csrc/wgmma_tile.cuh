@@ -1,0 +1,247 @@
+// The CTA body shared by the Hopper rungs `wgmma` and `wgmma_persistent`:
+// warp-specialized TMA + wgmma over a stream of output tiles.
+//
+// A CTA has three warpgroups. Warpgroup 0 is the producer: it gives most of
+// its registers away (setmaxnreg) and one of its threads issues TMA loads of
+// BM x BK slices of A and BK x BN slices of B into a ring of STAGES
+// shared-memory stages, 128-byte swizzled, each completing on its `full`
+// mbarrier. Warpgroups 1 and 2 are consumers: each takes 64 rows of the
+// 128-row tile, waits for a stage, multiplies it with four m64nBNk16 wgmmas
+// (fp32 accumulators in registers), keeps one wgmma group in flight, and
+// frees the stage on its `empty` mbarrier once the wgmmas that read it are
+// done. After the last k-block the consumers write their rows to global
+// memory (bias fused, tails clipped) while the producer already loads the
+// next tile's stages, if the CTA has one.
+//
+// The stream of tiles is the only difference between the two rungs: one
+// tile per CTA (`wgmma`) or the persistent tile scheduler (`wgmma_persistent`).
+#pragma once
+
+#include "device_helpers.cuh"
+#include "hopper_helpers.cuh"
+#include "matmul_problem.h"
+#include "tensor_core_tile.cuh"  // TileRecord, global_timer_ns, sm_id
+#include "tile_scheduler.cuh"
+
+namespace persistent_matmul {
+namespace hopper {
+
+// A 128 x BN x 64 tile: two consumer warpgroups of 64 x BN each. BN = 256
+// for problems with enough tiles to fill the GPU, 128 otherwise. The stages
+// take what fits in ~200 KB of shared memory (4 of 48 KB, or 6 of 32 KB).
+template <int BN_>
+struct WgmmaShape {
+  static constexpr int BM = 128, BN = BN_, BK = 64;
+  static constexpr int CONSUMERS = 2;
+  static constexpr int THREADS = 128 * (CONSUMERS + 1);
+  static constexpr int ACCUMULATORS = BN / 2;  // fp32 registers per consumer thread
+  static constexpr int A_STAGE_BYTES = BM * BK * 2;
+  static constexpr int B_STAGE_BYTES = BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
+  static constexpr int STAGES = (200 * 1024) / STAGE_BYTES;
+  // 1024 bytes of slack to align the stages for the 128-byte swizzle, then
+  // the full and empty barriers.
+  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
+  // Registers per thread after setmaxnreg: 128 x (PRODUCER_REGS + 2 x
+  // CONSUMER_REGS) <= 64K.
+  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+};
+using WideTile = WgmmaShape<256>;
+using NarrowTile = WgmmaShape<128>;
+
+template <typename Shape>
+struct SharedStages {
+  char* stages;     // STAGES x (A stage, B stage), 1024-byte aligned
+  uint64_t* full;   // STAGES barriers: the stage holds data
+  uint64_t* empty;  // STAGES barriers: the consumers are done with the stage
+  __device__ explicit SharedStages(char* raw) {
+    const uintptr_t base = (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023);
+    stages = reinterpret_cast<char*>(base);
+    full = reinterpret_cast<uint64_t*>(stages + Shape::STAGES * Shape::STAGE_BYTES);
+    empty = full + Shape::STAGES;
+  }
+};
+
+// Position in the ring of stages; the phase bit flips on every wrap.
+template <int STAGES>
+struct RingPosition {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ void advance() {
+    if (++stage == STAGES) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// The tile stream of `wgmma`: tile blockIdx.x of the grouped order, once.
+class OneTilePerCta {
+ public:
+  __device__ OneTilePerCta(int tiles_m, int tiles_n) : tiles_m_(tiles_m), tiles_n_(tiles_n) {}
+  __device__ bool next(tc::TileCoord& tile) {
+    if (done_) return false;
+    done_ = true;
+    tile = tc::grouped_tile(blockIdx.x, tiles_m_, tiles_n_);
+    return true;
+  }
+
+ private:
+  int tiles_m_, tiles_n_;
+  bool done_ = false;
+};
+
+// Producer: loads every k-block of every tile of the stream into the ring.
+template <typename Shape, bool B_KMAJOR, typename Tiles>
+__device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, const SharedStages<Shape>& smem,
+                        Tiles tiles, int k_blocks) {
+  RingPosition<Shape::STAGES> ring;
+  tc::TileCoord tile;
+  while (tiles.next(tile)) {
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      mbarrier_wait(&smem.empty[ring.stage], ring.phase ^ 1);  // a fresh barrier passes parity 1
+      uint64_t* full = &smem.full[ring.stage];
+      char* a = smem.stages + ring.stage * Shape::STAGE_BYTES;
+      char* b = a + Shape::A_STAGE_BYTES;
+      mbarrier_arrive_expect_tx(full, Shape::STAGE_BYTES);
+      tma_load_2d(a, map_a, full, kb * Shape::BK, tile.m * Shape::BM);
+      if constexpr (B_KMAJOR) {
+        tma_load_2d(b, map_b, full, kb * Shape::BK, tile.n * Shape::BN);  // BN rows of 64 K
+      } else {
+#pragma unroll
+        for (int j = 0; j < Shape::BN / 64; ++j) {  // BN/64 blocks of 64 K rows x 64 N
+          tma_load_2d(b + j * Shape::BK * 128, map_b, full, tile.n * Shape::BN + j * 64, kb * Shape::BK);
+        }
+      }
+      ring.advance();
+    }
+  }
+}
+
+// One consumer warpgroup's k-loop over a tile: d = A[rows of this consumer] x B.
+template <typename T, typename Shape, bool B_KMAJOR>
+__device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, RingPosition<Shape::STAGES>& ring,
+                                             int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS]) {
+  constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
+  const bool signals = threadIdx.x % 128 == 0;
+  const uint32_t stages = smem_u32(smem.stages);
+  int in_flight = -1;  // stage read by the wgmma group still running
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    mbarrier_wait(&smem.full[ring.stage], ring.phase);
+    const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + consumer * 64 * 128;
+    const uint32_t b = stages + ring.stage * Shape::STAGE_BYTES + Shape::A_STAGE_BYTES;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Shape::BK / 16; ++kk) {
+      // K-major rows are 128 bytes (64 elements): step 32 bytes per k16.
+      // N-major B holds 64-element column blocks of BK rows: step 16 rows.
+      const uint64_t desc_a = smem_descriptor(a + kk * 32, 16, 1024);
+      const uint64_t desc_b = B_KMAJOR ? smem_descriptor(b + kk * 32, 16, 1024)
+                                       : smem_descriptor(b + kk * 16 * 128, Shape::BK * 128, 1024);
+      Wgmma<Shape::BN, B_KMAJOR ? 0 : 1>::template run<kBF16>(d, desc_a, desc_b, (kb > 0 || kk > 0) ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous k-block's wgmmas are done: free their stage
+    if (signals && in_flight >= 0) mbarrier_arrive(&smem.empty[in_flight]);
+    in_flight = ring.stage;
+    ring.advance();
+  }
+  wgmma_wait<0>();
+  if (signals) mbarrier_arrive(&smem.empty[in_flight]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pair(T* dst, float x, float y);
+template <>
+__device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16* dst, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
+}
+template <>
+__device__ __forceinline__ void store_pair<__half>(__half* dst, float x, float y) {
+  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
+}
+
+// Writes one consumer's 64 x BN accumulators (+ bias) to out, clipping tails.
+// Fragment layout of m64nNk16: thread t of the warpgroup holds, for each
+// 8-column block j, rows 16 * (t / 32) + (t % 32) / 4 (+ 8) and columns
+// 8j + 2 * (t % 4) (+ 1).
+template <typename T, typename Shape>
+__device__ __forceinline__ void store_tile(const MatmulProblem& p, tc::TileCoord tile, int consumer,
+                                           const float (&d)[Shape::ACCUMULATORS]) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int64_t row0 = int64_t(tile.m) * Shape::BM + consumer * 64 + warp * 16 + lane / 4;
+  const int64_t col0 = int64_t(tile.n) * Shape::BN + 2 * (lane % 4);
+  T* out = static_cast<T*>(p.out);
+  const T* bias = static_cast<const T*>(p.bias);
+  // Two adjacent outputs form one aligned 4-byte store when rows are contiguous.
+  const bool pairs = p.out_stride_n == 1 && p.out_stride_m % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
+#pragma unroll
+  for (int j = 0; j < Shape::BN / 8; ++j) {
+    const int64_t col = col0 + j * 8;
+    float bias0 = 0.0f, bias1 = 0.0f;
+    if (bias != nullptr) {
+      if (col < p.n) bias0 = to_float(bias[col]);
+      if (col + 1 < p.n) bias1 = to_float(bias[col + 1]);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t row = row0 + 8 * half;
+      if (row >= p.m || col >= p.n) continue;
+      const float x = d[j * 4 + half * 2] + bias0, y = d[j * 4 + half * 2 + 1] + bias1;
+      T* dst = out + row * p.out_stride_m + col * p.out_stride_n;
+      if (pairs && col + 1 < p.n) {
+        store_pair<T>(dst, x, y);
+      } else {
+        dst[0] = from_float<T>(x);
+        if (col + 1 < p.n) dst[p.out_stride_n] = from_float<T>(y);
+      }
+    }
+  }
+}
+
+// The whole CTA: set up the barriers, split into producer and consumers, and
+// run the tile stream. `make_tiles()` gives each role its own copy of the
+// stream (both walk the same tiles in the same order).
+template <typename T, typename Shape, bool B_KMAJOR, bool TIMELINE, typename MakeTiles>
+__device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensorMap* map_b, const MatmulProblem& p,
+                                        MakeTiles make_tiles) {
+  extern __shared__ char smem_raw[];
+  const SharedStages<Shape> smem(smem_raw);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Shape::STAGES; ++s) {
+      mbarrier_init(&smem.full[s], 1);
+      mbarrier_init(&smem.empty[s], Shape::CONSUMERS);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  const int k_blocks = int(ceil_div(p.k, Shape::BK));
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    release_registers<Shape::PRODUCER_REGS>();
+    if (threadIdx.x == 0) produce<Shape, B_KMAJOR>(map_a, map_b, smem, make_tiles(), k_blocks);
+  } else {
+    claim_registers<Shape::CONSUMER_REGS>();
+    const int consumer = warpgroup - 1;
+    const int tiles_n = int(ceil_div(p.n, Shape::BN));
+    RingPosition<Shape::STAGES> ring;
+    auto tiles = make_tiles();
+    tc::TileCoord tile;
+    while (tiles.next(tile)) {
+      const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
+      float d[Shape::ACCUMULATORS];
+      consume_tile<T, Shape, B_KMAJOR>(smem, ring, k_blocks, consumer, d);
+      store_tile<T, Shape>(p, tile, consumer, d);
+      if constexpr (TIMELINE) {
+        named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have stored the tile
+        if (threadIdx.x == 128) {
+          static_cast<tc::TileRecord*>(p.timeline)[int64_t(tile.m) * tiles_n + tile.n] = {
+              tile.m, tile.n, tc::sm_id(), blockIdx.x, start, tc::global_timer_ns()};
+        }
+      }
+    }
+  }
+}
+
+}  // namespace hopper
+}  // namespace persistent_matmul
