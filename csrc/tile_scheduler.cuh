@@ -58,11 +58,15 @@ __host__ __device__ __forceinline__ TileCoord hilbert_cell(int64_t d, int side) 
   return {y, x};
 }
 
-// The tiles one persistent CTA computes, in the chosen order.
+// The tiles one persistent CTA computes, in the chosen order: indices
+// first, first + stride, ... (by default blockIdx.x, blockIdx.x + gridDim.x,
+// ...; a cluster of CTAs walks its own sequence of cluster-sized tiles).
 class TileScheduler {
  public:
   __device__ TileScheduler(int tiles_m, int tiles_n, TileOrder order)
-      : tiles_m_(tiles_m), tiles_n_(tiles_n), order_(order), next_(blockIdx.x) {
+      : TileScheduler(tiles_m, tiles_n, order, blockIdx.x, gridDim.x) {}
+  __device__ TileScheduler(int tiles_m, int tiles_n, TileOrder order, int first, int stride)
+      : tiles_m_(tiles_m), tiles_n_(tiles_n), order_(order), stride_(stride), next_(first) {
     if (order_ == TileOrder::kHilbert) {
       side_ = 1;
       while (side_ < tiles_m || side_ < tiles_n) side_ *= 2;
@@ -75,11 +79,11 @@ class TileScheduler {
 
   // The CTA's next tile; false when it has none left.
   __device__ bool next(TileCoord& tile) {
-    for (; next_ < end_; next_ += gridDim.x) {
+    for (; next_ < end_; next_ += stride_) {
       tile = order_ == TileOrder::kHilbert ? hilbert_cell(next_, side_)
                                            : grouped_tile(int(next_), tiles_m_, tiles_n_);
       if (tile.m < tiles_m_ && tile.n < tiles_n_) {
-        next_ += gridDim.x;
+        next_ += stride_;
         return true;
       }
     }
@@ -89,6 +93,7 @@ class TileScheduler {
  private:
   int tiles_m_, tiles_n_;
   TileOrder order_;
+  int stride_;
   int side_;
   int64_t next_, end_;
 };

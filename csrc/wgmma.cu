@@ -19,13 +19,13 @@ __global__ void __launch_bounds__(Shape::THREADS, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                  const MatmulProblem p) {
   const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
-  hopper::run_cta<T, Shape, B_KMAJOR, TIMELINE>(&map_a, &map_b, p,
-                                                [&] { return hopper::OneTilePerCta(tiles_m, tiles_n); });
+  hopper::run_cta<T, Shape, 1, B_KMAJOR, TIMELINE>(&map_a, &map_b, p,
+                                                   [&](int) { return hopper::OneTilePerCta(tiles_m, tiles_n); });
 }
 
 template <bool TIMELINE>
 cudaError_t launch(const MatmulProblem& p, cudaStream_t stream, int device) {
-  return hopper::dispatch(p, device, [&](auto type, auto shape, auto kmajor, const CUtensorMap& map_a,
+  return hopper::dispatch(p, device, 1, [&](auto type, auto shape, auto kmajor, const CUtensorMap& map_a,
                                          const CUtensorMap& map_b) {
     using T = typename decltype(type)::type;
     using Shape = decltype(shape);

@@ -13,8 +13,15 @@
 // memory (bias fused, tails clipped) while the producer already loads the
 // next tile's stages, if the CTA has one.
 //
-// The stream of tiles is the only difference between the two rungs: one
-// tile per CTA (`wgmma`) or the persistent tile scheduler (`wgmma_persistent`).
+// With CLUSTER = 2 (`wgmma_persistent`), the two CTAs of a thread block
+// cluster compute vertically adjacent tiles, which need the same slice of B:
+// each CTA loads half of it and the copy engine multicasts that half into
+// both CTAs' shared memory, so B's L2 traffic halves. A stage is then free
+// only when the consumers of both CTAs are done with it.
+//
+// The stream of tiles and the cluster are the only differences between the
+// two rungs: one tile per CTA (`wgmma`), or the persistent tile scheduler
+// over pairs of tiles (`wgmma_persistent`).
 #pragma once
 
 #include "device_helpers.cuh"
@@ -44,7 +51,7 @@ struct WgmmaShape {
   static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
   // Registers per thread after setmaxnreg: 128 x (PRODUCER_REGS + 2 x
   // CONSUMER_REGS) <= 64K.
-  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  static constexpr int PRODUCER_REGS = 48, CONSUMER_REGS = 232;
 };
 using WideTile = WgmmaShape<256>;
 using NarrowTile = WgmmaShape<128>;
@@ -91,10 +98,40 @@ class OneTilePerCta {
   bool done_ = false;
 };
 
+// The tile stream of `wgmma_persistent`: the scheduler walks pairs of
+// vertically adjacent tiles, one pair per cluster at a time, and CTA `rank`
+// of the cluster takes tile row 2 * pair + rank. With an odd number of tile
+// rows the last pair's second tile lies below the output: that CTA still
+// loads and multicasts its half of B for its partner, computes on A's zero
+// fill, and stores nothing (store_tile clips rows >= M).
+class TilePairsPerCluster {
+ public:
+  __device__ TilePairsPerCluster(int tiles_m, int tiles_n, tc::TileOrder order, int rank)
+      : pairs_((tiles_m + 1) / 2, tiles_n, order, blockIdx.x / 2, gridDim.x / 2), rank_(rank) {}
+  __device__ bool next(tc::TileCoord& tile) {
+    tc::TileCoord pair;
+    if (!pairs_.next(pair)) return false;
+    tile = {2 * pair.m + rank_, pair.n};
+    return true;
+  }
+
+ private:
+  tc::TileScheduler pairs_;
+  int rank_;
+};
+
 // Producer: loads every k-block of every tile of the stream into the ring.
-template <typename Shape, bool B_KMAJOR, typename Tiles>
+// In a cluster of two, CTA `rank` loads half of each B slice and multicasts it.
+template <typename Shape, int CLUSTER, bool B_KMAJOR, typename Tiles>
 __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, const SharedStages<Shape>& smem,
-                        Tiles tiles, int k_blocks) {
+                        Tiles tiles, int k_blocks, int rank) {
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two CTAs");
+  // K-major B: BN rows of 64 K, loaded as CLUSTER boxes of BN / CLUSTER rows.
+  // N-major B: BN / 64 boxes of 64 K rows x 64 N. Each CTA loads its share.
+  constexpr int B_BOXES = B_KMAJOR ? CLUSTER : Shape::BN / 64;
+  constexpr int B_BOX_BYTES = Shape::B_STAGE_BYTES / B_BOXES;
+  constexpr int BOXES_PER_CTA = B_BOXES / CLUSTER;
+  constexpr uint16_t kAllCtas = (1u << CLUSTER) - 1;
   RingPosition<Shape::STAGES> ring;
   tc::TileCoord tile;
   while (tiles.next(tile)) {
@@ -103,14 +140,17 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
       uint64_t* full = &smem.full[ring.stage];
       char* a = smem.stages + ring.stage * Shape::STAGE_BYTES;
       char* b = a + Shape::A_STAGE_BYTES;
-      mbarrier_arrive_expect_tx(full, Shape::STAGE_BYTES);
+      mbarrier_arrive_expect_tx(full, Shape::STAGE_BYTES);  // A + all of B, whoever sends it
       tma_load_2d(a, map_a, full, kb * Shape::BK, tile.m * Shape::BM);
-      if constexpr (B_KMAJOR) {
-        tma_load_2d(b, map_b, full, kb * Shape::BK, tile.n * Shape::BN);  // BN rows of 64 K
-      } else {
 #pragma unroll
-        for (int j = 0; j < Shape::BN / 64; ++j) {  // BN/64 blocks of 64 K rows x 64 N
-          tma_load_2d(b + j * Shape::BK * 128, map_b, full, tile.n * Shape::BN + j * 64, kb * Shape::BK);
+      for (int i = 0; i < BOXES_PER_CTA; ++i) {
+        const int box = rank * BOXES_PER_CTA + i;
+        const int inner = B_KMAJOR ? kb * Shape::BK : tile.n * Shape::BN + box * 64;
+        const int outer = B_KMAJOR ? tile.n * Shape::BN + box * (Shape::BN / CLUSTER) : kb * Shape::BK;
+        if constexpr (CLUSTER == 1) {
+          tma_load_2d(b + box * B_BOX_BYTES, map_b, full, inner, outer);
+        } else {
+          tma_load_2d_multicast(b + box * B_BOX_BYTES, map_b, full, inner, outer, kAllCtas);
         }
       }
       ring.advance();
@@ -118,8 +158,20 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
   }
 }
 
+// Tells the producers of every CTA of the cluster that this consumer
+// warpgroup is done with `stage` (one thread per warpgroup signals).
+template <int CLUSTER>
+__device__ __forceinline__ void release_stage(uint64_t* empty) {
+  if constexpr (CLUSTER == 1) {
+    mbarrier_arrive(empty);
+  } else {
+#pragma unroll
+    for (int cta = 0; cta < CLUSTER; ++cta) mbarrier_arrive_in_cta(empty, cta);
+  }
+}
+
 // One consumer warpgroup's k-loop over a tile: d = A[rows of this consumer] x B.
-template <typename T, typename Shape, bool B_KMAJOR>
+template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR>
 __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, RingPosition<Shape::STAGES>& ring,
                                              int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS]) {
   constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
@@ -142,12 +194,12 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
     }
     wgmma_commit();
     wgmma_wait<1>();  // the previous k-block's wgmmas are done: free their stage
-    if (signals && in_flight >= 0) mbarrier_arrive(&smem.empty[in_flight]);
+    if (signals && in_flight >= 0) release_stage<CLUSTER>(&smem.empty[in_flight]);
     in_flight = ring.stage;
     ring.advance();
   }
   wgmma_wait<0>();
-  if (signals) mbarrier_arrive(&smem.empty[in_flight]);
+  if (signals) release_stage<CLUSTER>(&smem.empty[in_flight]);
 }
 
 template <typename T>
@@ -200,47 +252,55 @@ __device__ __forceinline__ void store_tile(const MatmulProblem& p, tc::TileCoord
 }
 
 // The whole CTA: set up the barriers, split into producer and consumers, and
-// run the tile stream. `make_tiles()` gives each role its own copy of the
-// stream (both walk the same tiles in the same order).
-template <typename T, typename Shape, bool B_KMAJOR, bool TIMELINE, typename MakeTiles>
+// run the tile stream. `make_tiles(rank)` gives each role its own copy of the
+// stream of this CTA's tiles (both roles walk the same tiles in the same order).
+template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE, typename MakeTiles>
 __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensorMap* map_b, const MatmulProblem& p,
                                         MakeTiles make_tiles) {
   extern __shared__ char smem_raw[];
   const SharedStages<Shape> smem(smem_raw);
+  const int rank = CLUSTER > 1 ? int(cluster_cta_rank()) : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Shape::STAGES; ++s) {
       mbarrier_init(&smem.full[s], 1);
-      mbarrier_init(&smem.empty[s], Shape::CONSUMERS);
+      mbarrier_init(&smem.empty[s], Shape::CONSUMERS * CLUSTER);
     }
     fence_barrier_init();
   }
-  __syncthreads();
+  // The partner CTA multicasts into these barriers: they must exist first.
+  if constexpr (CLUSTER > 1) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
   const int k_blocks = int(ceil_div(p.k, Shape::BK));
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     release_registers<Shape::PRODUCER_REGS>();
-    if (threadIdx.x == 0) produce<Shape, B_KMAJOR>(map_a, map_b, smem, make_tiles(), k_blocks);
+    if (threadIdx.x == 0) produce<Shape, CLUSTER, B_KMAJOR>(map_a, map_b, smem, make_tiles(rank), k_blocks, rank);
   } else {
     claim_registers<Shape::CONSUMER_REGS>();
     const int consumer = warpgroup - 1;
-    const int tiles_n = int(ceil_div(p.n, Shape::BN));
+    const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
     RingPosition<Shape::STAGES> ring;
-    auto tiles = make_tiles();
+    auto tiles = make_tiles(rank);
     tc::TileCoord tile;
     while (tiles.next(tile)) {
       const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
       float d[Shape::ACCUMULATORS];
-      consume_tile<T, Shape, B_KMAJOR>(smem, ring, k_blocks, consumer, d);
+      consume_tile<T, Shape, CLUSTER, B_KMAJOR>(smem, ring, k_blocks, consumer, d);
       store_tile<T, Shape>(p, tile, consumer, d);
       if constexpr (TIMELINE) {
         named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have stored the tile
-        if (threadIdx.x == 128) {
+        if (threadIdx.x == 128 && tile.m < tiles_m) {  // not a tile below the output
           static_cast<tc::TileRecord*>(p.timeline)[int64_t(tile.m) * tiles_n + tile.n] = {
               tile.m, tile.n, tc::sm_id(), blockIdx.x, start, tc::global_timer_ns()};
         }
       }
     }
   }
+  // Stay alive until the partner CTA has made its last arrivals on our barriers.
+  if constexpr (CLUSTER > 1) cluster_sync();
 }
 
 }  // namespace hopper

@@ -46,8 +46,18 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
     assert bool((start < end).all()), "every tile has start < end"
     assert int(sm.min()) >= 0 and int(sm.max()) < torch.cuda.get_device_properties(0).multi_processor_count
     ctas = set(cta.tolist())
+    if kernel == "wgmma_persistent":
+        # Clusters of two CTAs take pairs of tile rows; with an odd number of
+        # tile rows the last pair's lower tile is no tile, so a CTA may record none.
+        pairs = -(-tiles_m // 2) * tiles_n
+        assert cfg["persistent_ctas"] % 2 == 0 and cfg["persistent_ctas"] <= 2 * pairs
+        assert max(ctas) < cfg["persistent_ctas"], "no CTA beyond the grid tile_config reports"
+        if order == "grouped" and tiles_m % 2 == 0:
+            assert len(ctas) == cfg["persistent_ctas"], "every CTA of the grid computes a tile"
     if kernel in PERSISTENT_RUNGS:
-        if order == "grouped":
+        if kernel == "wgmma_persistent":
+            pass  # checked above
+        elif order == "grouped":
             assert len(ctas) == cfg["persistent_ctas"] <= cfg["tiles"], "grid = the CTAs tile_config reports"
         else:  # Hilbert strides CTAs over a covering square: a CTA may get no tile
             assert len(ctas) <= cfg["persistent_ctas"] <= cfg["tiles"]
@@ -62,14 +72,23 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
         assert ctas == set(range(cfg["tiles"])), f"{kernel} launches one CTA per tile"
 
 
-@pytest.mark.parametrize("kernel", PERSISTENT_RUNGS)
-def test_persistent_grid_fills_the_device_once(pm, kernel):
-    skip_unless_runs(pm, kernel)
+def test_persistent_grid_fills_the_device_once(pm):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cfg = pm.tile_config(8192, 8192, kernel=kernel)
+    cfg = pm.tile_config(8192, 8192, kernel="persistent")
     assert cfg["tiles"] > sms
     assert sms <= cfg["persistent_ctas"] <= 4 * sms
     assert cfg["persistent_ctas"] % sms == 0
+
+
+def test_wgmma_persistent_grid_is_the_resident_clusters(pm):
+    """One CTA per SM (its shared memory), in clusters of two: at most the SM count,
+    and the GPCs' layout may leave a few SMs out of any pair."""
+    skip_unless_runs(pm, "wgmma_persistent")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = pm.tile_config(8192, 8192, kernel="wgmma_persistent")
+    assert cfg["tiles"] > sms
+    assert 0.85 * sms <= cfg["persistent_ctas"] <= sms
+    assert cfg["persistent_ctas"] % 2 == 0
 
 
 CHUNKED_RUNGS = [("tiled", torch.bfloat16), ("tiled", torch.float16), ("persistent", torch.bfloat16),
@@ -132,10 +151,10 @@ def test_overlapping_rows_are_copied(pm, kernel):
 @pytest.mark.parametrize("kernel", ["wgmma", "wgmma_persistent"])
 def test_hopper_op_checks_the_timeline_size(pm, kernel):
     skip_unless_runs(pm, kernel)
-    a = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(64, 300, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(300, 300, device="cuda", dtype=torch.bfloat16)
-    tiles = pm.tile_config(300, 300, kernel=kernel)["tiles"]
+    a = torch.randn(304, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 304, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(304, 304, device="cuda", dtype=torch.bfloat16)
+    tiles = pm.tile_config(304, 304, kernel=kernel)["tiles"]
     wrong = torch.zeros(tiles + 1, 6, device="cuda", dtype=torch.int64)
     args = (a, b, None, out, wrong) + ((0,) if kernel == "wgmma_persistent" else ())
     with pytest.raises(RuntimeError, match=rf"timeline must be a contiguous int64 tensor of shape \[{tiles}, 6\]"):
