@@ -49,9 +49,14 @@ struct WgmmaShape {
   // 1024 bytes of slack to align the stages for the 128-byte swizzle, then
   // the full and empty barriers.
   static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
-  // Registers per thread after setmaxnreg: 128 x (PRODUCER_REGS + 2 x
-  // CONSUMER_REGS) <= 64K.
-  static constexpr int PRODUCER_REGS = 48, CONSUMER_REGS = 232;
+  // Registers per thread after setmaxnreg. At launch every thread holds
+  // LAUNCH_REGS (64K / THREADS, rounded down to 8); the consumers can only
+  // grow by what the producer gives back, else setmaxnreg.inc waits forever
+  // (a hang seen on the H200 with 48 / 232).
+  static constexpr int LAUNCH_REGS = (65536 / THREADS) / 8 * 8;
+  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  static_assert((LAUNCH_REGS - PRODUCER_REGS) * 128 >= (CONSUMER_REGS - LAUNCH_REGS) * 128 * CONSUMERS,
+                "the consumers' registers must come from the producer's");
 };
 using WideTile = WgmmaShape<256>;
 using NarrowTile = WgmmaShape<128>;
@@ -102,8 +107,8 @@ class OneTilePerCta {
 // vertically adjacent tiles, one pair per cluster at a time, and CTA `rank`
 // of the cluster takes tile row 2 * pair + rank. With an odd number of tile
 // rows the last pair's second tile lies below the output: that CTA still
-// loads and multicasts its half of B for its partner, computes on A's zero
-// fill, and stores nothing (store_tile clips rows >= M).
+// loads and multicasts its half of B for its partner, skips A, computes on
+// whatever its A stage holds, and stores nothing (store_tile clips rows >= M).
 class TilePairsPerCluster {
  public:
   __device__ TilePairsPerCluster(int tiles_m, int tiles_n, tc::TileOrder order, int rank)
@@ -124,7 +129,7 @@ class TilePairsPerCluster {
 // In a cluster of two, CTA `rank` loads half of each B slice and multicasts it.
 template <typename Shape, int CLUSTER, bool B_KMAJOR, typename Tiles>
 __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, const SharedStages<Shape>& smem,
-                        Tiles tiles, int k_blocks, int rank) {
+                        Tiles tiles, int64_t m, int k_blocks, int rank) {
   static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two CTAs");
   // K-major B: BN rows of 64 K, loaded as CLUSTER boxes of BN / CLUSTER rows.
   // N-major B: BN / 64 boxes of 64 K rows x 64 N. Each CTA loads its share.
@@ -135,13 +140,17 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
   RingPosition<Shape::STAGES> ring;
   tc::TileCoord tile;
   while (tiles.next(tile)) {
+    // A tile below the output (the second of a cluster's last pair) needs no
+    // A: its rows are never stored. Its CTA still sends B to the partner.
+    const bool loads_a = int64_t(tile.m) * Shape::BM < m;
     for (int kb = 0; kb < k_blocks; ++kb) {
       mbarrier_wait(&smem.empty[ring.stage], ring.phase ^ 1);  // a fresh barrier passes parity 1
       uint64_t* full = &smem.full[ring.stage];
       char* a = smem.stages + ring.stage * Shape::STAGE_BYTES;
       char* b = a + Shape::A_STAGE_BYTES;
-      mbarrier_arrive_expect_tx(full, Shape::STAGE_BYTES);  // A + all of B, whoever sends it
-      tma_load_2d(a, map_a, full, kb * Shape::BK, tile.m * Shape::BM);
+      // A (if needed) and all of B, whoever sends it.
+      mbarrier_arrive_expect_tx(full, loads_a ? Shape::STAGE_BYTES : Shape::B_STAGE_BYTES);
+      if (loads_a) tma_load_2d(a, map_a, full, kb * Shape::BK, tile.m * Shape::BM);
 #pragma unroll
       for (int i = 0; i < BOXES_PER_CTA; ++i) {
         const int box = rank * BOXES_PER_CTA + i;
@@ -277,7 +286,8 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     release_registers<Shape::PRODUCER_REGS>();
-    if (threadIdx.x == 0) produce<Shape, CLUSTER, B_KMAJOR>(map_a, map_b, smem, make_tiles(rank), k_blocks, rank);
+    if (threadIdx.x == 0) produce<Shape, CLUSTER, B_KMAJOR>(map_a, map_b, smem, make_tiles(rank), p.m, k_blocks,
+                                                            rank);
   } else {
     claim_registers<Shape::CONSUMER_REGS>();
     const int consumer = warpgroup - 1;

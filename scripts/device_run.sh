@@ -73,12 +73,12 @@ EOF
 gpu_tests() {
   # --continue-on-collection-errors: a CPU-only test module that cannot be imported here
   # (say, for a package the device lacks) is reported, but the GPU tests still run.
-  timeout 300 "$PY" -m pytest -m gpu tests -q -ra -p no:cacheprovider --continue-on-collection-errors \
+  timeout -k 5 300 "$PY" -m pytest -m gpu tests -q -ra -p no:cacheprovider --continue-on-collection-errors \
     2>&1 | tee -a "$OUT/device.log"
 }
 
 sweep() {
-  timeout 200 "$PY" scripts/correctness_sweep.py --out "$OUT" --fuzz 500 --time-limit 170 2>&1 | tee -a "$OUT/device.log"
+  timeout -k 5 200 "$PY" scripts/correctness_sweep.py --out "$OUT" --fuzz 500 --time-limit 170 2>&1 | tee -a "$OUT/device.log"
 }
 
 demo() {
@@ -87,7 +87,7 @@ demo() {
 
 benchmark() {
   # shellcheck disable=SC2086  # BENCH_ARGS: extra arguments, word-split on purpose
-  timeout 300 "$PY" scripts/benchmark_table.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
+  timeout -k 5 300 "$PY" scripts/benchmark_table.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
 }
 
 # Nsight Compute on the tensor-core and fp32 kernels at 4096^3 (clocks left alone).
@@ -125,7 +125,7 @@ sanitizer() {
 smoke() {
   local rung rc=0
   for rung in naive warptiled tiled persistent wgmma wgmma_persistent; do
-    timeout 60 "$PY" scripts/smoke_test.py "$rung" 2>&1 | tee -a "$OUT/device.log" || rc=1
+    timeout -k 5 60 "$PY" scripts/smoke_test.py "$rung" 2>&1 | tee -a "$OUT/device.log" || rc=1
   done
   return $rc
 }
