@@ -92,11 +92,7 @@ TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device) {
     tc::allow_dynamic_smem<kernel>(smem, device);
     cfg.persistent_ctas = persistent_grid(kernel, Shape::THREADS, smem, device, cfg.tiles);
   };
-  if (tc::use_large_tile(m, n, tc::sm_count(device))) {
-    fill(tc::LargeTile{});
-  } else {
-    fill(tc::SmallTile{});
-  }
+  tc::with_tile_shape(m, n, device, fill);
   return cfg;
 }
 

@@ -10,11 +10,18 @@
 namespace persistent_matmul {
 namespace tc {
 
-// Both shapes: 4 warps, 64-deep k-tiles (128-byte shared-memory rows).
-// Large problems: 128x128 tiles of four 64x64 warp tiles, 3 stages (96 KB),
-// two CTAs an SM where 192 KB fit (sm_90, sm_100), one elsewhere. Small
-// problems, where 128x128 tiles would leave SMs idle: 64x64 tiles of four
-// 32x32 warp tiles, 4 stages (64 KB).
+// All shapes: 64-deep k-tiles (128-byte shared-memory rows), 3 or more stages.
+// Huge problems on GPUs with 144 KB of shared memory per CTA (sm_80, sm_90,
+// sm_100): 128x256 tiles of eight 64x64 warp tiles, 3 stages (144 KB), one
+// CTA an SM. Against two 128x128 CTAs an SM it has the same warps and warp
+// tiles but moves 25% fewer operand bytes into shared memory per mma, and
+// with a single CTA on an SM, `persistent` overlapping the next tile's loads
+// with this tile's epilogue is what keeps the SM busy between tiles.
+// Large problems elsewhere (sm_86, sm_89, sm_120: 99 KB a CTA): 128x128
+// tiles of four 64x64 warp tiles, 3 stages (96 KB), two CTAs an SM where
+// 192 KB fit, one elsewhere. Small problems, where bigger tiles would leave
+// SMs idle: 64x64 tiles of four 32x32 warp tiles, 4 stages (64 KB).
+using HugeTile = TileShape<128, 256, 64, 2, 4, 3, 1>;
 using LargeTile = TileShape<128, 128, 64, 2, 2, 3, 2>;
 using SmallTile = TileShape<64, 64, 64, 2, 2, 4, 3>;
 
@@ -25,8 +32,39 @@ inline int sm_count(int device) {
   return cache[device];
 }
 
-inline bool use_large_tile(int64_t m, int64_t n, int sms) {
-  return ceil_div(m, LargeTile::BM) * ceil_div(n, LargeTile::BN) >= sms;
+inline int max_smem_per_block(int device) {
+  static int cache[128] = {};
+  if (device < 0 || device >= 128) return 0;
+  if (cache[device] == 0) cudaDeviceGetAttribute(&cache[device], cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  return cache[device];
+}
+
+enum class TileChoice { kHuge, kLarge, kSmall };
+
+// The one tile-shape choice `tiled`, `persistent` and tile_config all use: the
+// biggest shape whose tiles still cover every SM at least once (and that fits
+// the device's shared memory).
+inline TileChoice choose_tile(int64_t m, int64_t n, int device) {
+  const int sms = sm_count(device);
+  if (max_smem_per_block(device) >= HugeTile::SMEM_BYTES &&
+      ceil_div(m, HugeTile::BM) * ceil_div(n, HugeTile::BN) >= sms) {
+    return TileChoice::kHuge;
+  }
+  if (ceil_div(m, LargeTile::BM) * ceil_div(n, LargeTile::BN) >= sms) return TileChoice::kLarge;
+  return TileChoice::kSmall;
+}
+
+// Calls f(Shape{}) for the shape choose_tile picks.
+template <typename F>
+auto with_tile_shape(int64_t m, int64_t n, int device, F&& f) {
+  switch (choose_tile(m, n, device)) {
+    case TileChoice::kHuge:
+      return f(HugeTile{});
+    case TileChoice::kLarge:
+      return f(LargeTile{});
+    default:
+      return f(SmallTile{});
+  }
 }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -74,11 +112,12 @@ template <typename Launch>
 cudaError_t dispatch(const MatmulProblem& p, int device, Launch&& launch) {
   if (!operands_ok(p)) return cudaErrorInvalidValue;
   const bool kmajor = b_layout(p) == BLayout::kKMajor;
-  const bool large = use_large_tile(p.m, p.n, sm_count(device));
   auto by_layout = [&](auto type, auto shape) {
     return kmajor ? launch(type, shape, std::true_type{}) : launch(type, shape, std::false_type{});
   };
-  auto by_shape = [&](auto type) { return large ? by_layout(type, LargeTile{}) : by_layout(type, SmallTile{}); };
+  auto by_shape = [&](auto type) {
+    return with_tile_shape(p.m, p.n, device, [&](auto shape) { return by_layout(type, shape); });
+  };
   return p.dtype == ElementType::kBFloat16 ? by_shape(TypeTag<__nv_bfloat16>{}) : by_shape(TypeTag<__half>{});
 }
 

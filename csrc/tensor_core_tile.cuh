@@ -3,13 +3,15 @@
 //
 // * Global -> shared: cp.async 16-byte copies into a STAGES-deep ring of
 //   shared-memory buffers, so the loads of k-tile i+STAGES-1 are in flight while
-//   k-tile i is multiplied. Chunks past the edges of M, N and K are stored as
-//   zeros, and a chunk cut by an edge is read element by element (nothing
-//   beyond a tensor is touched), so the math needs no bounds checks.
+//   k-tile i is multiplied. Each copy zero-fills what lies past the edges of M,
+//   N and K (a chunk cut by an edge reads only its valid bytes, a chunk past
+//   an edge reads nothing), so the math needs no bounds checks and the copy
+//   code has no branches.
 // * Shared memory is XOR-swizzled per 16-byte chunk, so the cp.async writes and
 //   the ldmatrix reads of 8 rows hit 8 different bank groups (no conflicts).
-// * Shared -> registers: ldmatrix (.trans for a B tile stored N-major), then
-//   mma.sync m16n8k16 with fp32 accumulators.
+// * Shared -> registers: ldmatrix (.trans for a B tile stored N-major), one
+//   mma k-step ahead of the mma.sync m16n8k16 (fp32 accumulators) that use the
+//   fragments, interleaved with them (see Tile::mainloop).
 //
 // Operand layouts the tile takes directly (the host copies anything else):
 // A is M x K with K contiguous; B is either K-major (each output column's K
@@ -78,73 +80,124 @@ __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Two neighbouring output elements, packed for one 4-byte store.
+template <typename T>
+struct PairOf;
+template <>
+struct PairOf<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
+template <>
+struct PairOf<__half> {
+  using type = __half2;
+};
+template <typename T>
+using Pair = typename PairOf<T>::type;
+template <typename T>
+__device__ __forceinline__ Pair<T> make_pair(float lo, float hi);
+template <>
+__device__ __forceinline__ __nv_bfloat162 make_pair<__nv_bfloat16>(float lo, float hi) {
+  return __floats2bfloat162_rn(lo, hi);
+}
+template <>
+__device__ __forceinline__ __half2 make_pair<__half>(float lo, float hi) {
+  return __floats2half2_rn(lo, hi);
+}
+
 // ---------------------------------------------------------------- swizzle
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows hold
-// ROW_CHUNKS chunks. Rows of 64 bytes XOR the chunk with (row / 2) % 4, longer
-// rows with row % 8: either way 8 consecutive rows at one logical chunk land
-// in 8 distinct 16-byte bank groups.
+// ROW_CHUNKS chunks (a multiple of 8: rows of 128 bytes or more). The chunk
+// index is XORed with row % 8, so 8 consecutive rows at one logical chunk land
+// in 8 distinct 16-byte bank groups. XORing the logical chunk with c < 8 XORs
+// the offset with 16 * c, which the ldmatrix addressing below relies on.
 template <int ROW_CHUNKS>
 __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
-  static_assert(ROW_CHUNKS == 4 || ROW_CHUNKS % 8 == 0, "tile rows must be 64 bytes or a multiple of 128");
-  const int phys = ROW_CHUNKS == 4 ? (chunk ^ ((row >> 1) & 3)) : (chunk ^ (row & 7));
-  return (row * ROW_CHUNKS + phys) * 16;
+  static_assert(ROW_CHUNKS % 8 == 0, "tile rows must be a multiple of 128 bytes");
+  return (row * ROW_CHUNKS + (chunk ^ (row & 7))) * 16;
 }
 
 // ---------------------------------------------------------------- global -> shared copies
 
-// Stores one 16-byte chunk of zeros to shared memory.
-__device__ __forceinline__ void st_shared_zero16(uint32_t dst) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0));
+// Copies the first `bytes` (0..16) of the 16-byte chunk at src to shared
+// memory and zero-fills the rest of the 16 bytes. Nothing past src + bytes is
+// read; with bytes == 0 nothing is read at all, so src may then point past the
+// tensor (it is never dereferenced).
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
-// A chunk that straddles the end of a row (the last `valid` < 8 elements of a
-// dimension that is not a multiple of 8): read the valid elements one by one,
-// so nothing past the tensor is touched, and zero the rest.
-static __device__ __noinline__ void copy_partial_chunk(uint32_t dst, const char* src, int64_t valid) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  uint32_t w[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const uint32_t lo = 2 * e < valid ? s[2 * e] : 0;
-    const uint32_t hi = 2 * e + 1 < valid ? s[2 * e + 1] : 0;
-    w[e] = lo | (hi << 16);
-  }
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]),
-               "r"(w[3]));
-}
+// min(max(x, 0), hi) for a 64-bit x, as an int.
+__device__ __forceinline__ int clamp_to(int64_t x, int hi) { return x <= 0 ? 0 : x >= hi ? hi : int(x); }
 
-// Copies a ROWS x (ROW_CHUNKS * 8) tile of 16-bit elements into swizzled
-// shared memory: tile element (r, c) is global element (row0 + r, col0 + c)
-// at gmem + ((row0 + r) * ld + col0 + c) * 2, valid below (row_limit,
-// col_limit); invalid elements become zeros. Each thread owns one chunk
-// column and every (THREADS / ROW_CHUNKS)-th row, so its addresses are one
-// base pointer plus constant multiples of ld.
+// One thread's share of copying a ROWS x (ROW_CHUNKS * 8) operand tile of
+// 16-bit elements into swizzled shared memory, one k-tile after another. The
+// thread owns one chunk column and every ROW_STEP-th row, so its chunks are one
+// base pointer plus constant multiples of the leading dimension, and (ROW_STEP
+// being a multiple of 8) lie at constant offsets in shared memory. What does
+// not change along K is set once per output tile (set_*); per k-tile the
+// caller works out the byte counts once (kt_*), then issue() issues each chunk
+// as one zero-filling cp.async: no branches, so copies interleave with the
+// math around them. The tensor's leading dimension and K come in again as
+// arguments (kernel parameters: constant-bank operands, no registers).
 template <int ROWS, int ROW_CHUNKS, int THREADS>
-__device__ __forceinline__ void copy_tile(uint32_t smem, const char* gmem, int64_t ld, int64_t row0,
-                                          int64_t row_limit, int64_t col0, int64_t col_limit) {
+struct ChunkCopier {
   static_assert(THREADS % ROW_CHUNKS == 0 && (ROWS * ROW_CHUNKS) % THREADS == 0, "tile must split evenly");
-  constexpr int ROW_STEP = THREADS / ROW_CHUNKS;
-  constexpr int PER_THREAD = ROWS * ROW_CHUNKS / THREADS;
-  const int first_row = threadIdx.x / ROW_CHUNKS, chunk = threadIdx.x % ROW_CHUNKS;
-  const int64_t col = col0 + chunk * 8;
-  const int64_t col_valid = col_limit - col;
-  const char* src = gmem + ((row0 + first_row) * ld + col) * 2;
-  const int64_t row_bytes = ld * ROW_STEP * 2;
+  static constexpr int ROW_STEP = THREADS / ROW_CHUNKS;
+  static constexpr int PER_THREAD = ROWS * ROW_CHUNKS / THREADS;
+  static_assert(PER_THREAD <= 32, "row mask is 32 bits");
+  static_assert(ROW_STEP % 8 == 0, "a thread's rows must share a swizzle phase");
+
+  const char* src;  // this thread's first chunk in k-tile 0
+  uint32_t mask;    // K contiguous: bit i set if the thread's row i is inside M (or N)
+  int col_bytes;    // K as rows (N-major B): bytes of the thread's chunk inside N
+
+  static __device__ __forceinline__ int first_row() { return threadIdx.x / ROW_CHUNKS; }
+  static __device__ __forceinline__ int chunk() { return threadIdx.x % ROW_CHUNKS; }
+
+  // Rows are M (or N) from row0, below row_limit; columns are K.
+  __device__ __forceinline__ void set_k_contiguous(const char* gmem, int64_t ld, int64_t row0, int64_t row_limit) {
+    src = gmem + ((row0 + first_row()) * ld + chunk() * 8) * 2;
+    const int rows_left = clamp_to(row_limit - row0 - first_row(), ROWS);
+    mask = 0;
 #pragma unroll
-  for (int i = 0; i < PER_THREAD; ++i) {
-    const int r = first_row + i * ROW_STEP;
-    const uint32_t dst = smem + swizzled_offset<ROW_CHUNKS>(r, chunk);
-    const char* p = src + i * row_bytes;
-    if (row0 + r >= row_limit || col_valid <= 0) {
-      st_shared_zero16(dst);
-    } else if (col_valid >= 8) {
-      cp_async_16(dst, p);
-    } else {
-      copy_partial_chunk(dst, p, col_valid);
-    }
+    for (int i = 0; i < PER_THREAD; ++i) mask |= uint32_t(i * ROW_STEP < rows_left) << i;
   }
-}
+  // Bytes of the thread's chunks in k-tile kt that lie inside K (same for all its rows).
+  __device__ __forceinline__ int kt_bytes_k_contiguous(int kt, int64_t k) const {
+    return 2 * clamp_to(k - (int64_t(kt) * (ROW_CHUNKS * 8) + chunk() * 8), 8);
+  }
+
+  // Rows are K (ROWS of them per k-tile), columns N from col0, below col_limit.
+  __device__ __forceinline__ void set_k_rows(const char* gmem, int64_t ld, int64_t col0, int64_t col_limit) {
+    const int64_t col = col0 + chunk() * 8;
+    col_bytes = 2 * clamp_to(col_limit - col, 8);
+    src = gmem + (int64_t(first_row()) * ld + col) * 2;
+  }
+  // Rows of k-tile kt, from the thread's first one, that lie inside K.
+  __device__ __forceinline__ int kt_rows_k_rows(int kt, int64_t k) const {
+    return clamp_to(k - (int64_t(kt) * ROWS + first_row()), ROWS);
+  }
+
+  // The thread's first chunk of k-tile kt.
+  __device__ __forceinline__ const char* kt_src(int kt, int64_t ktile_bytes) const {
+    return src + kt * ktile_bytes;
+  }
+
+  // Chunk i: K contiguous (`bytes` from kt_bytes_k_contiguous) or K as rows
+  // (`rows` from kt_rows_k_rows), from p = kt_src(kt) into the stage at `smem`.
+  __device__ __forceinline__ void issue_k_contiguous(uint32_t smem, const char* p, int64_t ld, int i,
+                                                     int bytes) const {
+    cp_async_16_zfill(dst(smem, i), p + i * (ld * ROW_STEP * 2), (mask >> i) & 1 ? bytes : 0);
+  }
+  __device__ __forceinline__ void issue_k_rows(uint32_t smem, const char* p, int64_t ld, int i, int rows) const {
+    cp_async_16_zfill(dst(smem, i), p + i * (ld * ROW_STEP * 2), i * ROW_STEP < rows ? col_bytes : 0);
+  }
+
+  static __device__ __forceinline__ uint32_t dst(uint32_t smem, int i) {
+    return smem + swizzled_offset<ROW_CHUNKS>(first_row(), chunk()) + i * ROW_STEP * ROW_CHUNKS * 16;
+  }
+};
 
 // ---------------------------------------------------------------- the tile
 
@@ -160,6 +213,7 @@ struct TileShape {
   static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
   static constexpr int MMA_M = WM / 16, MMA_N = WN / 8;
   static_assert(WM % 16 == 0 && WN % 16 == 0 && BK % 16 == 0, "warp tile and k-tile must be multiples of 16");
+  static_assert(STAGES >= 3, "the mainloop refills the stage read two k-tiles earlier");
   static constexpr int A_STAGE_BYTES = BM * BK * 2;
   static constexpr int B_STAGE_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
@@ -180,97 +234,185 @@ struct Tile {
   using S = Shape;
   static constexpr int A_ROW_CHUNKS = S::BK / 8;                         // A stored [BM][BK]
   static constexpr int B_ROW_CHUNKS = B_KMAJOR ? S::BK / 8 : S::BN / 8;  // [BN][BK] or [BK][BN]
+  static constexpr int KS = S::BK / 16;                                   // mma k-steps per k-tile
+  using ACopier = ChunkCopier<S::BM, A_ROW_CHUNKS, S::THREADS>;
+  using BCopier = ChunkCopier<B_KMAJOR ? S::BN : S::BK, B_ROW_CHUNKS, S::THREADS>;
+  static constexpr int A_CHUNKS = ACopier::PER_THREAD, B_CHUNKS = BCopier::PER_THREAD;
 
-  // Issue the copies of k-tile `kt` of output tile (tile_m, tile_n) into `stage`.
-  static __device__ __forceinline__ void load_stage(const TileOperands& op, char* stage, int tile_m, int tile_n,
-                                                    int kt) {
-    const int64_t k0 = int64_t(kt) * S::BK;
-    const uint32_t a_smem = smem_addr(stage), b_smem = smem_addr(stage + S::A_STAGE_BYTES);
-    copy_tile<S::BM, A_ROW_CHUNKS, S::THREADS>(a_smem, op.a, op.lda, int64_t(tile_m) * S::BM, op.m, k0, op.k);
+  // A thread's copy state for one output tile (see ChunkCopier).
+  struct Loader {
+    ACopier a;
+    BCopier b;
+    __device__ __forceinline__ Loader(const TileOperands& op, int tile_m, int tile_n) {
+      a.set_k_contiguous(op.a, op.lda, int64_t(tile_m) * S::BM, op.m);
+      if constexpr (B_KMAJOR) {
+        b.set_k_contiguous(op.b, op.ldb, int64_t(tile_n) * S::BN, op.n);
+      } else {
+        b.set_k_rows(op.b, op.ldb, int64_t(tile_n) * S::BN, op.n);
+      }
+    }
+    // Share `part` (of `parts`) of this thread's copies of k-tile kt into the
+    // stage at shared address `stage` (part and parts are constants where the
+    // mainloop is unrolled, and what depends only on kt is computed once for
+    // all parts): the mainloop spreads one k-tile's copies over its mma
+    // k-steps. A k-tile past K reads nothing and zero-fills its stage.
+    __device__ __forceinline__ void issue(const TileOperands& op, uint32_t stage, int kt, int part,
+                                          int parts) const {
+      const char* pa = a.kt_src(kt, S::BK * 2);
+      const int a_bytes = a.kt_bytes_k_contiguous(kt, op.k);
+      const char* pb = b.kt_src(kt, B_KMAJOR ? S::BK * 2 : S::BK * op.ldb * 2);
+      const int b_valid = B_KMAJOR ? b.kt_bytes_k_contiguous(kt, op.k) : b.kt_rows_k_rows(kt, op.k);
+#pragma unroll
+      for (int c = 0; c < A_CHUNKS + B_CHUNKS; ++c) {
+        if (c * parts / (A_CHUNKS + B_CHUNKS) != part) continue;
+        if (c < A_CHUNKS) {
+          a.issue_k_contiguous(stage, pa, op.lda, c, a_bytes);
+        } else if constexpr (B_KMAJOR) {
+          b.issue_k_contiguous(stage + S::A_STAGE_BYTES, pb, op.ldb, c - A_CHUNKS, b_valid);
+        } else {
+          b.issue_k_rows(stage + S::A_STAGE_BYTES, pb, op.ldb, c - A_CHUNKS, b_valid);
+        }
+      }
+    }
+  };
+
+  using AFrags = uint32_t[S::MMA_M][4];  // a k-step's A fragments (16 rows x 16 k each)
+  using BFrags = uint32_t[S::MMA_N][2];  // a k-step's B fragments (8 n x 16 k each)
+
+  // Where a lane's ldmatrix reads start, relative to a stage (see
+  // swizzled_offset). A: lanes 0-15 address rows 0-15 of the warp's 16-row
+  // block at k 0-7, lanes 16-31 the same rows at k 8-15; fragment i of k-step
+  // ks is at (a_lane ^ 32 * ks) + i * 16 rows. B K-major, matrices (n 0-7,
+  // k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15): fragments j,
+  // j + 1 of k-step ks at (b_lane ^ 32 * ks) + j * 8 rows. B N-major, the same
+  // four matrices stored with k as the row, loaded transposed: at
+  // (b_lane ^ 16 * j) + ks * 16 rows.
+  static __device__ __forceinline__ uint32_t a_lane_offset() {
+    const int lane = threadIdx.x % 32, warp_m = (threadIdx.x / 32) / S::WARPS_N;
+    return swizzled_offset<A_ROW_CHUNKS>(warp_m * S::WM + lane % 16, lane / 16);
+  }
+  static __device__ __forceinline__ uint32_t b_lane_offset() {
+    const int lane = threadIdx.x % 32, warp_n = (threadIdx.x / 32) % S::WARPS_N;
     if constexpr (B_KMAJOR) {
-      copy_tile<S::BN, B_ROW_CHUNKS, S::THREADS>(b_smem, op.b, op.ldb, int64_t(tile_n) * S::BN, op.n, k0, op.k);
+      return S::A_STAGE_BYTES +
+             swizzled_offset<B_ROW_CHUNKS>(warp_n * S::WN + (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
     } else {
-      copy_tile<S::BK, B_ROW_CHUNKS, S::THREADS>(b_smem, op.b, op.ldb, k0, op.k, int64_t(tile_n) * S::BN, op.n);
+      return S::A_STAGE_BYTES +
+             swizzled_offset<B_ROW_CHUNKS>((lane / 8) % 2 * 8 + lane % 8, warp_n * S::WN / 8 + lane / 16);
     }
   }
+  // The XOR forms above hold because the XORed bits are clear in the lane's
+  // own chunk index: 32 * ks against a lane chunk of 0 or 1; 16 * j (j even,
+  // below WN / 8) against warp_n * WN / 8 + 0 or 1, when WN / 8 is a power of two.
+  static_assert(((S::WN / 8) & (S::WN / 8 - 1)) == 0, "N-major B: WN / 8 must be a power of two");
 
-  // Multiply one shared-memory stage into the warp's accumulators.
-  template <typename T>
-  static __device__ __forceinline__ void compute_stage(const char* stage, float (&acc)[S::MMA_M][S::MMA_N][4]) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int warp_m = warp / S::WARPS_N, warp_n = warp % S::WARPS_N;
-    const uint32_t a_base = smem_addr(stage);
-    const uint32_t b_base = smem_addr(stage + S::A_STAGE_BYTES);
-#pragma unroll
-    for (int ks = 0; ks < S::BK / 16; ++ks) {
-      uint32_t a_frag[S::MMA_M][4];
-      uint32_t b_frag[S::MMA_N][2];
-#pragma unroll
-      for (int i = 0; i < S::MMA_M; ++i) {
-        // Lanes 0-15 address rows 0-15 at k 0-7, lanes 16-31 the same rows at k 8-15.
-        const int row = warp_m * S::WM + i * 16 + lane % 16;
-        const int chunk = ks * 2 + lane / 16;
-        ldmatrix_x4(a_frag[i], a_base + swizzled_offset<A_ROW_CHUNKS>(row, chunk));
-      }
-#pragma unroll
-      for (int j = 0; j < S::MMA_N; j += 2) {
-        uint32_t r[4];
-        if constexpr (B_KMAJOR) {
-          // Matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
-          const int row = warp_n * S::WN + j * 8 + (lane / 16) * 8 + lane % 8;
-          const int chunk = ks * 2 + (lane / 8) % 2;
-          ldmatrix_x4(r, b_base + swizzled_offset<B_ROW_CHUNKS>(row, chunk));
-        } else {
-          // Same four matrices, stored with k as the row: load them transposed.
-          const int row = ks * 16 + (lane / 8) % 2 * 8 + lane % 8;
-          const int chunk = (warp_n * S::WN + j * 8) / 8 + lane / 16;
-          ldmatrix_x4_trans(r, b_base + swizzled_offset<B_ROW_CHUNKS>(row, chunk));
-        }
-        b_frag[j][0] = r[0];
-        b_frag[j][1] = r[1];
-        b_frag[j + 1][0] = r[2];
-        b_frag[j + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int i = 0; i < S::MMA_M; ++i)
-#pragma unroll
-        for (int j = 0; j < S::MMA_N; ++j) mma_16816<T>(acc[i][j], a_frag[i], b_frag[j][0], b_frag[j][1]);
+  static __device__ __forceinline__ void load_a(AFrags& a, uint32_t stage, uint32_t a_lane, int ks, int i) {
+    ldmatrix_x4(a[i], stage + (a_lane ^ (32 * ks)) + i * 16 * (A_ROW_CHUNKS * 16));
+  }
+  static __device__ __forceinline__ void load_b(BFrags& b, uint32_t stage, uint32_t b_lane, int ks, int j) {
+    uint32_t r[4];
+    if constexpr (B_KMAJOR) {
+      ldmatrix_x4(r, stage + (b_lane ^ (32 * ks)) + j * 8 * (B_ROW_CHUNKS * 16));
+    } else {
+      ldmatrix_x4_trans(r, stage + (b_lane ^ (16 * j)) + ks * 16 * (B_ROW_CHUNKS * 16));
     }
+    b[j][0] = r[0];
+    b[j][1] = r[1];
+    b[j + 1][0] = r[2];
+    b[j + 1][1] = r[3];
   }
 
   static __device__ __forceinline__ int k_tiles(const TileOperands& op) { return int(ceil_div(op.k, S::BK)); }
 
-  // Start the first STAGES - 1 k-tiles of a tile (one cp.async group each, empty past K).
+  static __device__ __forceinline__ uint32_t stage_addr(char* smem, int s) {
+    return smem_addr(smem) + s * S::STAGE_BYTES;
+  }
+
+  // Start the first STAGES - 1 k-tiles of a tile (one cp.async group each;
+  // k-tiles past K copy nothing).
   static __device__ __forceinline__ void prologue(const TileOperands& op, char* smem, int tile_m, int tile_n) {
-    const int kts = k_tiles(op);
+    const Loader ld(op, tile_m, tile_n);
 #pragma unroll
     for (int s = 0; s < S::STAGES - 1; ++s) {
-      if (s < kts) load_stage(op, smem + s * S::STAGE_BYTES, tile_m, tile_n, s);
+      ld.issue(op, stage_addr(smem, s), s, 0, 1);
       cp_async_commit();
     }
   }
 
-  // The k loop of a tile whose prologue was issued: wait for k-tile kt, start
-  // k-tile kt + STAGES - 1 into the buffer k-tile kt - 1 used, multiply kt.
-  // Ends with every cp.async drained and every warp past its last read of
-  // shared memory, so the buffers are free for the next tile's prologue.
+  // The k loop of a tile whose prologue was issued. Every mma multiplies
+  // fragments loaded during the k-step before, so no mma waits on an ldmatrix
+  // issued just before it: B fragments are double buffered in registers; an A
+  // fragment is reloaded in place for the next k-step as soon as its row of
+  // mmas is issued (one row of mmas later than B's, still a k-step ahead of its
+  // use), which saves a second A buffer's registers. Each k-step interleaves
+  // its mmas with these ldmatrix and, in the k-steps but the last, with a
+  // share of the cp.async copies of k-tile kt + STAGES - 1 (into the stage
+  // k-tile kt - 1 used). Before its last k-step the CTA waits for k-tile
+  // kt + 1 and synchronizes once: the barrier publishes kt + 1 and tells that
+  // every warp has read all of kt's stage it needs (the last k-step's
+  // fragments are in registers), so kt + 1's first fragments load while kt's
+  // last k-step multiplies. Ends with every cp.async drained and every warp
+  // past its last read of shared memory, so the buffers are free for the next
+  // tile's prologue.
   template <typename T>
   static __device__ __forceinline__ void mainloop(const TileOperands& op, char* smem, int tile_m, int tile_n,
                                                   float (&acc)[S::MMA_M][S::MMA_N][4]) {
+    static_assert(KS >= 2, "copies are spread over the k-steps before the last");
 #pragma unroll
     for (int i = 0; i < S::MMA_M; ++i)
 #pragma unroll
       for (int j = 0; j < S::MMA_N; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    const Loader ld(op, tile_m, tile_n);
     const int kts = k_tiles(op);
+    AFrags a;
+    BFrags b[2];
+    cp_async_wait<S::STAGES - 2>();
+    __syncthreads();
+    const uint32_t a_lane = a_lane_offset(), b_lane = b_lane_offset();
+    uint32_t stage = stage_addr(smem, 0);  // k-tile kt's stage
+#pragma unroll
+    for (int i = 0; i < S::MMA_M; ++i) load_a(a, stage, a_lane, 0, i);
+#pragma unroll
+    for (int j = 0; j < S::MMA_N; j += 2) load_b(b[0], stage, b_lane, 0, j);
+    int read_slot = 0, write_slot = S::STAGES - 1;
+    constexpr int MMAS = S::MMA_M * S::MMA_N;
+    constexpr int B_LOADS = S::MMA_N / 2;
     for (int kt = 0; kt < kts; ++kt) {
-      cp_async_wait<S::STAGES - 2>();
-      __syncthreads();
-      const int next = kt + S::STAGES - 1;
-      if (next < kts) load_stage(op, smem + (next % S::STAGES) * S::STAGE_BYTES, tile_m, tile_n, next);
-      cp_async_commit();
-      compute_stage<T>(smem + (kt % S::STAGES) * S::STAGE_BYTES, acc);
+      const uint32_t write_stage = stage_addr(smem, write_slot);
+      const int write_kt = kt + S::STAGES - 1;
+      uint32_t next_stage = stage;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        BFrags& cur_b = b[ks % 2];
+        BFrags& next_b = b[(ks + 1) % 2];
+        if (ks == KS - 1) {
+          cp_async_wait<S::STAGES - 2>();
+          __syncthreads();
+          read_slot = read_slot == S::STAGES - 1 ? 0 : read_slot + 1;
+          next_stage = stage_addr(smem, read_slot);
+        }
+        const int next_ks = ks == KS - 1 ? 0 : ks + 1;
+        const bool load_next = ks < KS - 1 || kt + 1 < kts;
+        // mma (i, j) row by row, serpentine in j (a B fragment serves two mmas
+        // in a row); the next k-step's B pairs load evenly spread over the
+        // k-step, A fragment i right after row i's last mma.
+#pragma unroll
+        for (int t = 0; t < MMAS; ++t) {
+          const int i = t / S::MMA_N;
+          const int j = i % 2 == 0 ? t % S::MMA_N : S::MMA_N - 1 - t % S::MMA_N;
+#pragma unroll
+          for (int n = 0; n < B_LOADS; ++n)
+            if (t == n * MMAS / B_LOADS + MMAS / B_LOADS / 2 && load_next) load_b(next_b, next_stage, b_lane, next_ks, 2 * n);
+          if (t == 1 && ks < KS - 1) ld.issue(op, write_stage, write_kt, ks, KS - 1);
+          mma_16816<T>(acc[i][j], a[i], cur_b[j][0], cur_b[j][1]);
+          if (t % S::MMA_N == S::MMA_N - 1 && load_next) load_a(a, next_stage, a_lane, next_ks, i);
+        }
+        if (ks == KS - 2) cp_async_commit();
+      }
+      stage = next_stage;
+      write_slot = write_slot == S::STAGES - 1 ? 0 : write_slot + 1;
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -285,6 +427,9 @@ struct Tile {
     const int warp_m = warp / S::WARPS_N, warp_n = warp % S::WARPS_N;
     T* out = static_cast<T*>(p.out);
     const T* bias = static_cast<const T*>(p.bias);
+    // A thread's two neighbouring columns go out as one 4-byte store when
+    // rows are contiguous and every row starts 4-byte aligned (col0 is even).
+    const bool pairs = p.out_stride_n == 1 && p.out_stride_m % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
 #pragma unroll
     for (int j = 0; j < S::MMA_N; ++j) {
       const int64_t col0 = int64_t(tile_n) * S::BN + warp_n * S::WN + j * 8 + (lane % 4) * 2;
@@ -300,8 +445,13 @@ struct Tile {
           const int64_t row = int64_t(tile_m) * S::BM + warp_m * S::WM + i * 16 + lane / 4 + half * 8;
           if (row >= p.m) continue;
           T* dst = out + row * p.out_stride_m + col0 * p.out_stride_n;
-          if (col0 < p.n) dst[0] = from_float<T>(acc[i][j][half * 2] + bias0);
-          if (col0 + 1 < p.n) dst[p.out_stride_n] = from_float<T>(acc[i][j][half * 2 + 1] + bias1);
+          const float v0 = acc[i][j][half * 2] + bias0, v1 = acc[i][j][half * 2 + 1] + bias1;
+          if (pairs && col0 + 1 < p.n) {
+            *reinterpret_cast<Pair<T>*>(dst) = make_pair<T>(v0, v1);  // one 4-byte store
+          } else {
+            if (col0 < p.n) dst[0] = from_float<T>(v0);
+            if (col0 + 1 < p.n) dst[p.out_stride_n] = from_float<T>(v1);
+          }
         }
       }
     }
