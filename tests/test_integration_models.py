@@ -248,7 +248,7 @@ GRAD_TOL = {torch.float32: 1e-3, torch.bfloat16: 5e-2}
 def exact_fp32():
     """fp32 convolutions and matmuls in full fp32, not TF32 (cuDNN's default for convolutions):
     TF32's 10-bit rounding of each conv input would turn our kernel's last-bit differences
-    from cuBLAS into differences of ~1e-3, far above the fp32 bounds."""
+    from cuBLAS into differences far above the fp32 bounds."""
     # Saved and restored by hand: pytest's monkeypatch cannot restore these (the cuBLAS flag
     # lives behind a module __getattr__, which monkeypatch does not see).
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
