@@ -5,7 +5,7 @@
 #
 # With no STEP every step runs, else the set-up steps and the named ones, e.g.
 #   bash scripts/device_run.sh smoke gpu_tests benchmark sass
-# Steps: smoke gpu_tests sweep demo benchmark sanitizers profile sass.
+# Steps: smoke gpu_tests sweep demo benchmark integration sanitizers profile sass.
 #
 # Steps: install the carried wheels (.whl/, if present), print the GPU, check that the
 # prebuilt variant in build/ loads under the device's torch, run the GPU tests, the
@@ -73,7 +73,7 @@ EOF
 gpu_tests() {
   # --continue-on-collection-errors: a CPU-only test module that cannot be imported here
   # (say, for a package the device lacks) is reported, but the GPU tests still run.
-  timeout -k 5 300 "$PY" -m pytest -m gpu tests -q -ra -p no:cacheprovider --continue-on-collection-errors \
+  timeout -k 5 420 "$PY" -m pytest -m gpu tests -q -ra -p no:cacheprovider --continue-on-collection-errors \
     2>&1 | tee -a "$OUT/device.log"
 }
 
@@ -140,6 +140,16 @@ sass() {
   grep -q HGMMA /tmp/sass.txt && grep -q UTMALDG /tmp/sass.txt
 }
 
+# Models built from config with our layers (examples/), and the end-to-end
+# forward timing table of issue 7.
+integration() {
+  local rc=0
+  timeout -k 5 120 "$PY" examples/transformers_llama.py 2>&1 | tee -a "$OUT/device.log" || rc=1
+  timeout -k 5 120 "$PY" examples/diffusers_unet.py 2>&1 | tee -a "$OUT/device.log" || rc=1
+  timeout -k 5 180 "$PY" scripts/integration_timing.py --out "$OUT/integration.md" 2>&1 | tee -a "$OUT/device.log" || rc=1
+  return $rc
+}
+
 sanitizers() {
   local rung
   for rung in naive warptiled tiled persistent wgmma wgmma_persistent; do
@@ -155,7 +165,7 @@ fi
 run_step "GPU info" gpu_info
 run_step "load the prebuilt variant" check_variant
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(smoke gpu_tests sweep demo benchmark sanitizers profile sass)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(smoke gpu_tests sweep demo benchmark integration sanitizers profile sass)
 for step in "${STEPS[@]}"; do
   case $step in
     smoke) run_step "smoke test, every rung" smoke ;;
@@ -166,6 +176,7 @@ for step in "${STEPS[@]}"; do
     sanitizers) sanitizers ;;
     profile) run_step "ncu profile" profile ;;
     sass) run_step "sm_90a SASS: HGMMA and TMA" sass ;;
+    integration) run_step "transformers and diffusers examples, timing" integration ;;
     *) echo "unknown step: $step"; FAILED+=("$step") ;;
   esac
 done
