@@ -29,6 +29,9 @@ struct MatmulProblem {
   void* timeline = nullptr;
   // The persistent rungs only: 0 = grouped tile order, 1 = Hilbert (tile_scheduler.cuh).
   int32_t tile_order = 0;
+  // `wgmma_persistent` only: CTAs per thread block cluster sharing B by TMA
+  // multicast (2), or 1 for none.
+  int32_t cluster_size = 2;
 };
 
 // How the tensor-core rungs cut a problem into output tiles on this device.

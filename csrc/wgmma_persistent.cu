@@ -15,46 +15,49 @@
 namespace persistent_matmul {
 namespace {
 
-constexpr int kCluster = 2;
-
-template <typename T, typename Shape, bool B_KMAJOR, bool TIMELINE>
-__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(Shape::THREADS, 1)
+template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(Shape::THREADS, 1)
     wgmma_persistent_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                             const MatmulProblem p) {
   const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
   const auto order = static_cast<tc::TileOrder>(p.tile_order);
-  hopper::run_cta<T, Shape, kCluster, B_KMAJOR, TIMELINE>(
-      &map_a, &map_b, p, [&](int rank) { return hopper::TilePairsPerCluster(tiles_m, tiles_n, order, rank); });
+  if constexpr (CLUSTER == 2) {
+    hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
+        &map_a, &map_b, p, [&](int rank) { return hopper::TilePairsPerCluster(tiles_m, tiles_n, order, rank); });
+  } else {
+    hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
+        &map_a, &map_b, p, [&](int) { return tc::TileScheduler(tiles_m, tiles_n, order); });
+  }
 }
 
 // CTAs that fill the device once: the clusters that can be resident at the
 // same time (SM count, shared memory and the GPCs' layout decide; asked of
 // the runtime), capped at the number of tile pairs, times the cluster size.
-template <typename Kernel>
+template <int CLUSTER, typename Kernel>
 int64_t persistent_grid(Kernel kernel, int threads, int smem_bytes, int device, int64_t tiles_m, int64_t tiles_n) {
-  const int64_t pairs = ceil_div(tiles_m, kCluster) * tiles_n;
+  const int64_t pairs = ceil_div(tiles_m, CLUSTER) * tiles_n;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(kCluster * min_i64(pairs, 1 << 20)));
+  config.gridDim = dim3(unsigned(CLUSTER * min_i64(pairs, 1 << 20)));
   config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = size_t(smem_bytes);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters < 1) {
     cudaGetLastError();  // clear it: the launch reports real errors
-    clusters = tc::sm_count(device) / kCluster;
+    clusters = tc::sm_count(device) / CLUSTER;
   }
-  return kCluster * min_i64(pairs, clusters);
+  return CLUSTER * min_i64(pairs, clusters);
 }
 
-template <bool TIMELINE>
+template <int CLUSTER, bool TIMELINE>
 cudaError_t launch(const MatmulProblem& p, cudaStream_t stream, int device) {
-  return hopper::dispatch(p, device, kCluster, [&](auto type, auto shape, auto kmajor, const CUtensorMap& map_a,
-                                         const CUtensorMap& map_b) {
+  return hopper::dispatch(p, device, CLUSTER, [&](auto type, auto shape, auto kmajor, const CUtensorMap& map_a,
+                                                  const CUtensorMap& map_b) {
     using T = typename decltype(type)::type;
     using Shape = decltype(shape);
-    constexpr auto kernel = wgmma_persistent_kernel<T, Shape, decltype(kmajor)::value, TIMELINE>;
+    constexpr auto kernel = wgmma_persistent_kernel<T, Shape, CLUSTER, decltype(kmajor)::value, TIMELINE>;
     if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
-    const int64_t ctas = persistent_grid(kernel, Shape::THREADS, Shape::SMEM_BYTES, device, ceil_div(p.m, Shape::BM),
-                                         ceil_div(p.n, Shape::BN));
+    const int64_t ctas = persistent_grid<CLUSTER>(kernel, Shape::THREADS, Shape::SMEM_BYTES, device,
+                                                  ceil_div(p.m, Shape::BM), ceil_div(p.n, Shape::BN));
     kernel<<<static_cast<unsigned>(ctas), Shape::THREADS, Shape::SMEM_BYTES, stream>>>(map_a, map_b, p);
     return cudaGetLastError();
   });
@@ -66,7 +69,10 @@ cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t s
   if (problem.m == 0 || problem.n == 0) return cudaSuccess;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
-  return problem.timeline ? launch<true>(problem, stream, device) : launch<false>(problem, stream, device);
+  if (problem.cluster_size == 1) {
+    return problem.timeline ? launch<1, true>(problem, stream, device) : launch<1, false>(problem, stream, device);
+  }
+  return problem.timeline ? launch<2, true>(problem, stream, device) : launch<2, false>(problem, stream, device);
 }
 
 TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
@@ -78,9 +84,9 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
     cfg.block_k = Shape::BK;
     cfg.tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
     // Every variant of a shape has the same threads and shared memory, so one stands for all.
-    constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, true, false>;
+    constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 2, true, false>;
     tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
-    cfg.persistent_ctas = persistent_grid(kernel, Shape::THREADS, Shape::SMEM_BYTES, device, ceil_div(m, Shape::BM),
+    cfg.persistent_ctas = persistent_grid<2>(kernel, Shape::THREADS, Shape::SMEM_BYTES, device, ceil_div(m, Shape::BM),
                                           ceil_div(n, Shape::BN));
   };
   if (hopper::use_wide_tile(m, n, tc::sm_count(device))) {

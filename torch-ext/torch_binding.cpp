@@ -172,12 +172,15 @@ void wgmma_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bia
 }
 
 void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-                         const std::optional<Tensor>& timeline, int64_t tile_order) {
+                         const std::optional<Tensor>& timeline, int64_t tile_order, int64_t cluster_size) {
   check_tile_order(tile_order);
+  STD_TORCH_CHECK(cluster_size == 1 || cluster_size == 2,
+                  "persistent_matmul: cluster_size must be 1 or 2, got ", cluster_size);
   MatmulProblem problem = describe(a, b, bias, out);
   check_hopper(a.get_device_index());
   prepare_tensor_core(problem, a, timeline, persistent_matmul::wgmma_tile_config);
   problem.tile_order = static_cast<int32_t>(tile_order);
+  problem.cluster_size = static_cast<int32_t>(cluster_size);
   launch_on_stream(persistent_matmul::launch_wgmma_persistent, problem, a.get_device_index());
 }
 
@@ -200,7 +203,8 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=0) -> ()");
   ops.def("wgmma(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
   ops.def(
-      "wgmma_persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=0) -> ()");
+      "wgmma_persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=0, "
+      "int cluster_size=2) -> ()");
   ops.def("tile_config(int m, int n, int device, bool hopper=False) -> int[]");
 }
 

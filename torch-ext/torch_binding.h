@@ -27,8 +27,9 @@ void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>
 // Hopper only (sm_90a): TMA + wgmma, one CTA per tile / persistent.
 void wgmma_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
               const std::optional<Tensor>& timeline);
+// cluster_size: CTAs per cluster sharing B by TMA multicast (2), or 1.
 void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-                         const std::optional<Tensor>& timeline, int64_t tile_order);
+                         const std::optional<Tensor>& timeline, int64_t tile_order, int64_t cluster_size);
 
 // [block_m, block_n, block_k, tiles, persistent CTAs] for an m x n output on
 // `device`: of tiled/persistent, or with `hopper` of wgmma/wgmma_persistent.

@@ -1,0 +1,57 @@
+"""How the tiles of one product spread over the GPU, from the instrumented build.
+
+    python scripts/timeline_stats.py [--shape 4096x4096x4096] [RUNG ...]
+
+For each rung with a timeline (default: every available one): CTAs and SMs that
+ran tiles, tiles per CTA, median tile time, the makespan, and how many tiles ran
+at once at most and on average: a grid that cannot be resident at once shows
+as a concurrency well under the CTA count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from matmul_checks import load_kernel  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("rungs", nargs="*")
+    parser.add_argument("--shape", default="4096x4096x4096")
+    args = parser.parse_args()
+    m, n, k = (int(x) for x in args.shape.split("x"))
+    pm, _ = load_kernel()
+    available = pm.available_kernels()
+    rungs = args.rungs or [r for r in ("tiled", "persistent", "wgmma", "wgmma_persistent") if available[r].available]
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    for rung in rungs:
+        for _ in range(3):  # warm: the last run is reported
+            _, timeline = pm.matmul_timeline(a, b, kernel=rung)
+        torch.cuda.synchronize()
+        t = timeline.cpu()
+        start, end = t[:, 4] - t[:, 4].min(), t[:, 5] - t[:, 4].min()
+        makespan = int(end.max())
+        events = sorted([(int(s), 1) for s in start] + [(int(e), -1) for e in end])
+        running = peak = 0
+        for _, step in events:
+            running += step
+            peak = max(peak, running)
+        busy = int((end - start).sum())
+        per_cta = torch.bincount(t[:, 3]).float()
+        per_cta = per_cta[per_cta > 0]
+        print(f"{rung} {m}x{n}x{k}: {t.shape[0]} tiles on {len(set(t[:, 3].tolist()))} CTAs, "
+              f"{len(set(t[:, 2].tolist()))} SMs; tiles per CTA {int(per_cta.min())}..{int(per_cta.max())}; "
+              f"median tile {float((end - start).float().median()) / 1e3:.1f} us; makespan {makespan / 1e3:.1f} us; "
+              f"tiles at once: peak {peak}, mean {busy / max(makespan, 1):.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
