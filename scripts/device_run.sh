@@ -78,7 +78,7 @@ gpu_tests() {
 }
 
 sweep() {
-  timeout -k 5 250 "$PY" scripts/correctness_sweep.py --out "$OUT" --fuzz 500 --time-limit 210 2>&1 | tee -a "$OUT/device.log"
+  timeout -k 5 250 "$PY" scripts/correctness_sweep.py --out "$OUT" --fuzz 500 --time-limit ${SWEEP_SECONDS:-210} 2>&1 | tee -a "$OUT/device.log"
 }
 
 demo() {
