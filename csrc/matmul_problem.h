@@ -29,9 +29,9 @@ struct MatmulProblem {
   void* timeline = nullptr;
   // The persistent rungs only: 0 = grouped tile order, 1 = Hilbert (tile_scheduler.cuh).
   int32_t tile_order = 0;
-  // `wgmma_persistent` only: CTAs per thread block cluster sharing B by TMA
-  // multicast (2), or 1 for none.
-  int32_t cluster_size = 2;
+  // `wgmma_persistent` only: 1 (no clusters, the default: measured faster), or
+  // 2 (CTA pairs share B by TMA multicast; 0.58x as fast on the H200 so far).
+  int32_t cluster_size = 1;
 };
 
 // How the tensor-core rungs cut a problem into output tiles on this device.

@@ -3,10 +3,10 @@
 //
 // * Global -> shared: cp.async 16-byte copies into a STAGES-deep ring of
 //   shared-memory buffers, so the loads of k-tile i+STAGES-1 are in flight while
-//   k-tile i is multiplied. Each copy zero-fills what lies past the edges of M,
-//   N and K (a chunk cut by an edge reads only its valid bytes, a chunk past
-//   an edge reads nothing), so the math needs no bounds checks and the copy
-//   code has no branches.
+//   k-tile i is multiplied. What lies past the edges of M, N and K is zeros in
+//   shared memory (copy_chunk_16: a chunk cut by an edge is read element by
+//   element, a chunk past an edge is not read), so the math needs no bounds
+//   checks.
 // * Shared memory is XOR-swizzled per 16-byte chunk, so the cp.async writes and
 //   the ldmatrix reads of 8 rows hit 8 different bank groups (no conflicts).
 // * Shared -> registers: ldmatrix (.trans for a B tile stored N-major), one
@@ -119,14 +119,6 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
 
 // ---------------------------------------------------------------- global -> shared copies
 
-// Copies the first `bytes` (0..16) of the 16-byte chunk at src to shared
-// memory and zero-fills the rest of the 16 bytes. Nothing past src + bytes is
-// read; with bytes == 0 nothing is read at all, so src may then point past the
-// tensor (it is never dereferenced).
-__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-
 // min(max(x, 0), hi) for a 64-bit x, as an int.
 __device__ __forceinline__ int clamp_to(int64_t x, int hi) { return x <= 0 ? 0 : x >= hi ? hi : int(x); }
 
@@ -188,10 +180,10 @@ struct ChunkCopier {
   // (`rows` from kt_rows_k_rows), from p = kt_src(kt) into the stage at `smem`.
   __device__ __forceinline__ void issue_k_contiguous(uint32_t smem, const char* p, int64_t ld, int i,
                                                      int bytes) const {
-    cp_async_16_zfill(dst(smem, i), p + i * (ld * ROW_STEP * 2), (mask >> i) & 1 ? bytes : 0);
+    copy_chunk_16(dst(smem, i), p + i * (ld * ROW_STEP * 2), (mask >> i) & 1 ? bytes : 0);
   }
   __device__ __forceinline__ void issue_k_rows(uint32_t smem, const char* p, int64_t ld, int i, int rows) const {
-    cp_async_16_zfill(dst(smem, i), p + i * (ld * ROW_STEP * 2), i * ROW_STEP < rows ? col_bytes : 0);
+    copy_chunk_16(dst(smem, i), p + i * (ld * ROW_STEP * 2), i * ROW_STEP < rows ? col_bytes : 0);
   }
 
   static __device__ __forceinline__ uint32_t dst(uint32_t smem, int i) {

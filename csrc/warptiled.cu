@@ -19,7 +19,7 @@
 //   in registers: per k step it loads 2 + 2 float4 and does 64 FMAs. At 128
 //   registers two CTAs (16 warps) share an SM.
 // Edges: chunks past M, N or K are zeros; a chunk cut by an edge is read
-// element by element (by cp.async: only its valid bytes). Operands arrive
+// element by element (copy_chunk_16 in device_helpers.cuh). Operands arrive
 // K-contiguous (A, and B when stored K-major) or N-contiguous (B row-major)
 // with 16-byte-aligned rows; the host copies anything else
 // (persistent_matmul._matmul.cuda_core_operands).
@@ -58,12 +58,6 @@ __device__ __forceinline__ float4 load_chunk(const float* src, int64_t valid) {
   return v;
 }
 
-// Copies the first `bytes` (0..16) of the 16 bytes at src to shared memory
-// and zero-fills the rest; with bytes == 0 nothing is read.
-__device__ __forceinline__ void cp_async_16_zfill(void* dst, const void* src, int bytes) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
@@ -149,7 +143,8 @@ struct Loader {
 #pragma unroll
     for (int i = 0; i < CHUNKS; ++i) {
       const int bytes = i * B_ROW_STEP < k_left ? b_bytes : 0;
-      cp_async_16_zfill(&s.b[buf][b_k + i * B_ROW_STEP][(threadIdx.x % N_CHUNKS) * 4], src + i * b_row_step, bytes);
+      copy_chunk_16(static_cast<uint32_t>(__cvta_generic_to_shared(&s.b[buf][b_k + i * B_ROW_STEP][(threadIdx.x % N_CHUNKS) * 4])),
+                    src + i * b_row_step, bytes);
     }
   }
 

@@ -1,15 +1,20 @@
 // Rung 6 — wgmma_persistent (Hopper, sm_90a): the `wgmma` CTA, scheduled
-// persistently, in clusters of two that share B through TMA multicast.
+// persistently.
 //
-// Over `wgmma`, the grid is what fits on the GPU at once (the clusters that
-// can be resident together, read at run time) and each cluster walks pairs
-// of vertically adjacent output tiles through the tile scheduler
-// (tile_scheduler.cuh: grouped or Hilbert order). The two CTAs of a pair
-// need the same slice of B: each loads half and multicasts it to both, so B
-// costs half the L2 reads. The producer warpgroup does not stop at a tile's
-// end: while the consumers write one tile's results, it is already loading
-// the next tile's first stages, so every tile after a CTA's first starts
-// with its pipeline full.
+// Over `wgmma`, the grid is what fits on the GPU at once (the CTAs, or
+// clusters, that can be resident together, read at run time) and each CTA
+// walks output tiles through the tile scheduler (tile_scheduler.cuh: grouped
+// or Hilbert order). The producer warpgroup does not stop at a tile's end:
+// while the consumers write one tile's results, it is already loading the
+// next tile's first stages, so every tile after a CTA's first starts with
+// its pipeline full.
+//
+// cluster_size = 2 (an option, not the default) runs clusters of two CTAs
+// on pairs of vertically adjacent tiles, which need the same slice of B:
+// each loads half and multicasts it to both, halving B's L2 reads. On the
+// H200 that measured 0.58x the speed of cluster_size = 1 (median tile time
+// 80 us against 46 us at 4096^3, every SM busy): the pairs' shared stages
+// stall somewhere not yet found (benchmarks/NOTES.md).
 #include "wgmma_launch.cuh"
 
 namespace persistent_matmul {
@@ -69,10 +74,10 @@ cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t s
   if (problem.m == 0 || problem.n == 0) return cudaSuccess;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
-  if (problem.cluster_size == 1) {
-    return problem.timeline ? launch<1, true>(problem, stream, device) : launch<1, false>(problem, stream, device);
+  if (problem.cluster_size == 2) {
+    return problem.timeline ? launch<2, true>(problem, stream, device) : launch<2, false>(problem, stream, device);
   }
-  return problem.timeline ? launch<2, true>(problem, stream, device) : launch<2, false>(problem, stream, device);
+  return problem.timeline ? launch<1, true>(problem, stream, device) : launch<1, false>(problem, stream, device);
 }
 
 TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
@@ -84,9 +89,9 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
     cfg.block_k = Shape::BK;
     cfg.tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
     // Every variant of a shape has the same threads and shared memory, so one stands for all.
-    constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 2, true, false>;
+    constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 1, true, false>;  // the default
     tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
-    cfg.persistent_ctas = persistent_grid<2>(kernel, Shape::THREADS, Shape::SMEM_BYTES, device, ceil_div(m, Shape::BM),
+    cfg.persistent_ctas = persistent_grid<1>(kernel, Shape::THREADS, Shape::SMEM_BYTES, device, ceil_div(m, Shape::BM),
                                           ceil_div(n, Shape::BN));
   };
   if (hopper::use_wide_tile(m, n, tc::sm_count(device))) {

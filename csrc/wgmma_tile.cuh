@@ -13,15 +13,15 @@
 // memory (bias fused, tails clipped) while the producer already loads the
 // next tile's stages, if the CTA has one.
 //
-// With CLUSTER = 2 (`wgmma_persistent`), the two CTAs of a thread block
+// With CLUSTER = 2 (an option of `wgmma_persistent`), the two CTAs of a thread block
 // cluster compute vertically adjacent tiles, which need the same slice of B:
 // each CTA loads half of it and the copy engine multicasts that half into
 // both CTAs' shared memory, so B's L2 traffic halves. A stage is then free
 // only when the consumers of both CTAs are done with it.
 //
-// The stream of tiles and the cluster are the only differences between the
-// two rungs: one tile per CTA (`wgmma`), or the persistent tile scheduler
-// over pairs of tiles (`wgmma_persistent`).
+// The stream of tiles is the only difference between the two rungs: one
+// tile per CTA (`wgmma`), or the persistent tile scheduler (`wgmma_persistent`,
+// over pairs of tiles in its cluster option).
 #pragma once
 
 #include "device_helpers.cuh"

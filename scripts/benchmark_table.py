@@ -41,19 +41,19 @@ NAIVE_MAX_FLOP = 4.0e11  # the naive rung runs ~5 TFLOP/s: skip shapes that woul
 # a column for the persistent rung in Hilbert tile order.
 PERSISTENT_PAIRS = [("persistent", "tiled"), ("wgmma_persistent", "wgmma")]
 HILBERT = "-hilbert"
-NO_CLUSTER = "-cluster1"
+CLUSTER2 = "-cluster2"
 
 
 def with_hilbert_columns(rungs: list[str]) -> list[str]:
     """rungs, plus "<persistent rung>-hilbert" after each persistent rung among them,
-    and wgmma_persistent without clusters ("wgmma_persistent-cluster1")."""
+    and wgmma_persistent in 2-CTA clusters ("wgmma_persistent-cluster2")."""
     out = []
     for name in rungs:
         out.append(name)
         if any(name == p for p, _ in PERSISTENT_PAIRS):
             out.append(name + HILBERT)
         if name == "wgmma_persistent":
-            out.append(name + NO_CLUSTER)
+            out.append(name + CLUSTER2)
     return out
 
 
@@ -102,8 +102,8 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
     def runner(name):
         if name == "torch.matmul":
             return lambda i: torch.matmul(*inputs[i % sets], out=out)
-        if name == "wgmma_persistent" + NO_CLUSTER:  # without 2-CTA clusters (no B multicast)
-            return lambda i: pm._matmul._run(*inputs[i % sets], None, out, "wgmma_persistent", cluster_size=1)
+        if name == "wgmma_persistent" + CLUSTER2:  # 2-CTA clusters sharing B by multicast
+            return lambda i: pm._matmul._run(*inputs[i % sets], None, out, "wgmma_persistent", cluster_size=2)
         if name.endswith(HILBERT):  # a persistent rung in Hilbert tile order, through matmul's path
             rung = name.removesuffix(HILBERT)
             return lambda i: pm._matmul._run(*inputs[i % sets], None, out, rung, tile_order="hilbert")

@@ -6,6 +6,8 @@
 # With no STEP every step runs, else the set-up steps and the named ones, e.g.
 #   bash scripts/device_run.sh smoke gpu_tests benchmark sass
 # Steps: smoke gpu_tests sweep demo benchmark integration sanitizers profile sass.
+# Environment: BENCH_ARGS, SWEEP_ARGS (extra arguments), SWEEP_SECONDS (the sweep's
+# time budget), SANITIZE_RUNGS (rungs for memcheck; default all).
 #
 # Steps: install the carried wheels (.whl/, if present), print the GPU, check that the
 # prebuilt variant in build/ loads under the device's torch, run the GPU tests, the
@@ -78,7 +80,7 @@ gpu_tests() {
 }
 
 sweep() {
-  timeout -k 5 250 "$PY" scripts/correctness_sweep.py --out "$OUT" --fuzz 500 --time-limit ${SWEEP_SECONDS:-210} 2>&1 | tee -a "$OUT/device.log"
+  timeout -k 5 250 "$PY" scripts/correctness_sweep.py --out "$OUT" --fuzz 500 --time-limit ${SWEEP_SECONDS:-210} ${SWEEP_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
 }
 
 demo() {
@@ -152,7 +154,7 @@ integration() {
 
 sanitizers() {
   local rung
-  for rung in naive warptiled tiled persistent wgmma wgmma_persistent; do
+  for rung in ${SANITIZE_RUNGS:-naive warptiled tiled persistent wgmma wgmma_persistent}; do
     run_step "compute-sanitizer memcheck $rung" sanitizer memcheck "$rung"
   done
   run_step "compute-sanitizer racecheck" sanitizer racecheck

@@ -46,18 +46,8 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
     assert bool((start < end).all()), "every tile has start < end"
     assert int(sm.min()) >= 0 and int(sm.max()) < torch.cuda.get_device_properties(0).multi_processor_count
     ctas = set(cta.tolist())
-    if kernel == "wgmma_persistent":
-        # Clusters of two CTAs take pairs of tile rows; with an odd number of
-        # tile rows the last pair's lower tile is no tile, so a CTA may record none.
-        pairs = -(-tiles_m // 2) * tiles_n
-        assert cfg["persistent_ctas"] % 2 == 0 and cfg["persistent_ctas"] <= 2 * pairs
-        assert max(ctas) < cfg["persistent_ctas"], "no CTA beyond the grid tile_config reports"
-        if order == "grouped" and tiles_m % 2 == 0:
-            assert len(ctas) == cfg["persistent_ctas"], "every CTA of the grid computes a tile"
     if kernel in PERSISTENT_RUNGS:
-        if kernel == "wgmma_persistent":
-            pass  # checked above
-        elif order == "grouped":
+        if order == "grouped":
             assert len(ctas) == cfg["persistent_ctas"] <= cfg["tiles"], "grid = the CTAs tile_config reports"
         else:  # Hilbert strides CTAs over a covering square: a CTA may get no tile
             assert len(ctas) <= cfg["persistent_ctas"] <= cfg["tiles"]
@@ -80,15 +70,26 @@ def test_persistent_grid_fills_the_device_once(pm):
     assert cfg["persistent_ctas"] % sms == 0
 
 
-def test_wgmma_persistent_grid_is_the_resident_clusters(pm):
-    """One CTA per SM (its shared memory), in clusters of two: at most the SM count,
-    and the GPCs' layout may leave a few SMs out of any pair."""
+def test_wgmma_persistent_grid_is_one_cta_per_sm(pm):
+    """Its shared memory fits one CTA on an SM: the grid is the SM count."""
     skip_unless_runs(pm, "wgmma_persistent")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = pm.tile_config(8192, 8192, kernel="wgmma_persistent")
     assert cfg["tiles"] > sms
-    assert 0.85 * sms <= cfg["persistent_ctas"] <= sms
-    assert cfg["persistent_ctas"] % 2 == 0
+    assert cfg["persistent_ctas"] == sms
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (129, 300, 70), (384, 512, 200), (1000, 4104, 333)])
+def test_wgmma_persistent_in_clusters_of_two(pm, m, n, k):
+    """The cluster option (pairs of CTAs multicasting B), odd and even tile rows."""
+    skip_unless_runs(pm, "wgmma_persistent")
+    for b_kmajor in (False, True):
+        a, b = random_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=b_kmajor)
+        out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+        pm._matmul._run(a, b, None, out, "wgmma_persistent", cluster_size=2)
+        torch.cuda.synchronize()
+        assert nan_count(out) == 0
+        assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
 
 
 CHUNKED_RUNGS = [("tiled", torch.bfloat16), ("tiled", torch.float16), ("persistent", torch.bfloat16),

@@ -204,7 +204,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("wgmma(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
   ops.def(
       "wgmma_persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=0, "
-      "int cluster_size=2) -> ()");
+      "int cluster_size=1) -> ()");
   ops.def("tile_config(int m, int n, int device, bool hopper=False) -> int[]");
 }
 

@@ -83,12 +83,13 @@ DEFAULT_TILE_ORDER = "grouped"  # measured faster on 8 of 11 benchmark shapes
 
 def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
          kernel: str, names: tuple[str, str] = ("a", "b"), timeline: torch.Tensor | None = None,
-         tile_order: str = DEFAULT_TILE_ORDER, cluster_size: int = 2) -> torch.Tensor:
+         tile_order: str = DEFAULT_TILE_ORDER, cluster_size: int = 1) -> torch.Tensor:
     """a (M x K) @ b (K x N) (+ bias) into out, after the per-argument checks.
 
     ``names`` are the caller's names for a and b, used in error messages.
-    ``cluster_size`` is wgmma_persistent's (2: CTA pairs share B by TMA
-    multicast; 1: no clusters), for benchmarks; other rungs ignore it.
+    ``cluster_size`` is wgmma_persistent's (1: no clusters, the default; 2: CTA
+    pairs share B by TMA multicast, measured slower), for benchmarks; other
+    rungs ignore it.
     """
     _check_kernel_name(kernel)
     named = {names[0]: a, names[1]: b}
