@@ -10,6 +10,7 @@ machine code (and PTX where ``+PTX`` is declared), read with cuobjdump.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -54,6 +55,25 @@ def embedded_cuda_code(so: Path, cuobjdump: Path) -> tuple[set[str], set[str]]:
     sass = set(re.findall(r"\.(sm_\d+[af]?)\.cubin", listing("--list-elf")))
     ptx = {"compute_" + m for m in re.findall(r"\.sm_(\d+[af]?)\.ptx", listing("--list-ptx"))}
     return sass, ptx
+
+
+# Instructions an sm_90a build must contain: Hopper's warpgroup MMA (wgmma)
+# and tensor-memory-accelerator loads. A build without them fell back to
+# mma.sync or cp.async and is not using the Hopper path.
+HOPPER_INSTRUCTIONS = {"HGMMA": "wgmma", "UTMALDG": "TMA load"}
+
+
+def hopper_instructions(so: Path, cuobjdump: Path) -> dict[str, int] | str:
+    """How often each of HOPPER_INSTRUCTIONS occurs in the library's sm_90a SASS,
+    or why it could not be read (cuobjdump disassembles with nvdisasm, from
+    PyPI's nvidia-cuda-nvdisasm, looked up beside cuobjdump)."""
+    env = {**os.environ, "PATH": f"{cuobjdump.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    out = subprocess.run([str(cuobjdump), "--dump-sass", "--gpu-architecture", "sm_90a", str(so)],
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        return (out.stderr or out.stdout).strip().splitlines()[-1] if (out.stderr or out.stdout).strip() else \
+            f"cuobjdump exited {out.returncode}"
+    return {name: len(re.findall(rf"\b{name}\b", out.stdout)) for name in HOPPER_INSTRUCTIONS}
 
 
 def _exported_symbols(so: Path) -> set[str]:
@@ -159,6 +179,14 @@ def check_variant(variant_dir: Path, config=None, cuobjdump: Path | None = None)
                     problems.append(f"no {arch.compute} PTX for {text}")
             add("SASS", not problems, "; ".join(problems)
                 or f"SASS {' '.join(sorted(sass))}" + (f", PTX {' '.join(sorted(ptx))}" if ptx else ""))
+            if "sm_90a" in sass:
+                counts = hopper_instructions(libraries[0], tool)
+                if isinstance(counts, str):
+                    add("sm_90a instructions", False, f"could not disassemble: {counts}")
+                else:
+                    missing = [f"no {name} ({what})" for name, what in HOPPER_INSTRUCTIONS.items() if not counts[name]]
+                    add("sm_90a instructions", not missing, "; ".join(missing)
+                        or ", ".join(f"{counts[name]} {name}" for name in HOPPER_INSTRUCTIONS))
     return results
 
 

@@ -243,3 +243,23 @@ def test_compile_error_is_reported(tmp_path):
     out = subprocess.run([sys.executable, "-m", "kernelpress", "build", str(repo)], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 1 and "kernelpress: error:" in out.stderr
+
+
+def test_hopper_instruction_check_tells_wgmma_code_from_plain_code(tmp_path):
+    """kernelpress check counts HGMMA and UTMALDG in sm_90a SASS: zero for a plain
+    kernel built for sm_90a, many for this repo's Hopper rungs (when built)."""
+    from kernelpress.check import find_cuobjdump, hopper_instructions
+    from kernelpress.toolchain import find_nvcc
+
+    cuobjdump = find_cuobjdump()
+    assert cuobjdump is not None, "nvidia-cuda-cuobjdump is a kernelpress dependency"
+    source = tmp_path / "plain.cu"
+    source.write_text("__global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }\n")
+    obj = tmp_path / "plain.o"
+    subprocess.run([str(find_nvcc()), "-gencode=arch=compute_90a,code=sm_90a", "-c", str(source), "-o", str(obj)],
+                   check=True)
+    assert hopper_instructions(obj, cuobjdump) == {"HGMMA": 0, "UTMALDG": 0}
+    built = sorted((Path(__file__).resolve().parent.parent / "build").glob("torch-*/*.so"))
+    if built:
+        counts = hopper_instructions(built[0], cuobjdump)
+        assert isinstance(counts, dict) and counts["HGMMA"] > 0 and counts["UTMALDG"] > 0, counts

@@ -93,7 +93,8 @@ RUNGS: dict[str, Rung] = {
             dtypes=HALF_DTYPES,
             min_capability=(9, 0),
             exact_capability=(9, 0),
-            summary="the wgmma CTA, one wave looping over tiles; the producer loads the next tile during the epilogue",
+            summary="the wgmma CTA, one wave looping over tiles; the producer loads the next tile during the epilogue "
+                    "(2-CTA clusters with B multicast as an option, cluster_size=2)",
             chunk_elements=8,
             has_timeline=True,
             takes_tile_order=True,
@@ -103,10 +104,10 @@ RUNGS: dict[str, Rung] = {
 }
 
 # Best first: `kernel="auto"` takes the first available rung that takes the dtype.
-# The Hopper rungs run only on compute capability 9.0; elsewhere tiled comes
-# first: on the H200 tiled measured 1.06x persistent (geomean over the
-# benchmark shapes, benchmarks/results/2026-11-29-benchmark.md).
-AUTO_ORDER = ("wgmma_persistent", "wgmma", "tiled", "persistent", "warptiled", "naive")
+# Measured on the H200 (benchmarks/results/2026-11-29-benchmark-hopper.md, geomean
+# ratio to torch.matmul over the 11 benchmark shapes): wgmma 0.753 before
+# wgmma_persistent 0.720 (Hopper only), tiled 0.426 before persistent 0.409.
+AUTO_ORDER = ("wgmma", "wgmma_persistent", "tiled", "persistent", "warptiled", "naive")
 
 
 @dataclass(frozen=True)
