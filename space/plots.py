@@ -14,9 +14,11 @@ from matplotlib.figure import Figure
 # Figures are built with matplotlib.figure.Figure, not pyplot: pyplot keeps every
 # figure in a global registry, which would grow with each request of a long-running app.
 
-RUNG_ORDER = ("cuBLAS", "naive", "warptiled", "tiled", "persistent")
+RUNG_ORDER = ("cuBLAS", "naive", "warptiled", "tiled", "persistent", "wgmma", "wgmma_persistent")
 RUNG_COLORS = {"cuBLAS": "#555555", "naive": "#d62728", "warptiled": "#ff7f0e",
-               "tiled": "#1f77b4", "persistent": "#2ca02c"}
+               "tiled": "#1f77b4", "persistent": "#2ca02c", "wgmma": "#9467bd", "wgmma_persistent": "#8c564b"}
+# (persistent rung, its one-CTA-per-tile twin): the summary gives their speed-up.
+PERSISTENT_PAIRS = (("persistent", "tiled"), ("wgmma_persistent", "wgmma"))
 TABLE_HEADERS = ["shape (MxNxK)", "dtype", "rung", "ms", "TFLOP/s", "x cuBLAS", "rel. error", "note"]
 
 
@@ -74,11 +76,13 @@ def benchmark_summary(rows: list[dict]) -> str:
     lines = []
     tflops = {(shape_label(r), r["rung"]): r["tflops"] for r in rows if r.get("tflops")}
     shapes = list(dict.fromkeys(shape_label(r) for r in rows))
-    speedups = [(s, tflops[(s, "persistent")] / tflops[(s, "tiled")]) for s in shapes
-                if (s, "persistent") in tflops and (s, "tiled") in tflops]
-    if speedups:
-        cells = ", ".join(f"{s}: **{v:.2f}x**" for s, v in speedups)
-        lines.append(f"**persistent / tiled** (speed-up): {cells}; geomean {_geomean([v for _, v in speedups]):.2f}x")
+    for persistent, twin in PERSISTENT_PAIRS:
+        speedups = [(s, tflops[(s, persistent)] / tflops[(s, twin)]) for s in shapes
+                    if (s, persistent) in tflops and (s, twin) in tflops]
+        if speedups:
+            cells = ", ".join(f"{s}: **{v:.2f}x**" for s, v in speedups)
+            lines.append(f"**{persistent} / {twin}** (speed-up): {cells}; "
+                         f"geomean {_geomean([v for _, v in speedups]):.2f}x")
     for rung in RUNG_ORDER[1:]:
         ratios = [r["ratio_vs_cublas"] for r in rows if r["rung"] == rung and r.get("ratio_vs_cublas")]
         if ratios:

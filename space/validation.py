@@ -17,7 +17,9 @@ MAX_TOTAL_FLOP = 1.0e13
 # The timeline runs each tensor-core rung a handful of times: one product of at most this.
 MAX_TIMELINE_FLOP = 2.0e12
 
-RUNG_CHOICES = ("naive", "warptiled", "tiled", "persistent")
+# wgmma and wgmma_persistent run on Hopper (compute capability 9.0) only; elsewhere
+# their rows say why they did not run.
+RUNG_CHOICES = ("naive", "warptiled", "tiled", "persistent", "wgmma", "wgmma_persistent")
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 
 PRESETS: dict[str, list[tuple[int, int, int]]] = {
