@@ -104,7 +104,7 @@ RUNGS: dict[str, Rung] = {
 }
 
 # Best first: `kernel="auto"` takes the first available rung that takes the dtype.
-# Measured on the H200 (benchmarks/results/2026-11-29-benchmark-hopper.md, geomean
+# Measured on the H200 (benchmarks/results/2026-11-29-hopper-benchmark.md, geomean
 # ratio to torch.matmul over the 11 benchmark shapes): wgmma 0.753 before
 # wgmma_persistent 0.720 (Hopper only), tiled 0.426 before persistent 0.409.
 AUTO_ORDER = ("wgmma", "wgmma_persistent", "tiled", "persistent", "warptiled", "naive")
