@@ -35,6 +35,7 @@ constexpr int WARPS_N = 2;            // warps tile the block 4 (M) x 2 (N): 32x
 constexpr int WM = 32, WN = 64;
 constexpr int PAD = 4;                // shared rows of 132 floats: transposed stores hit distinct banks
 constexpr int N_CHUNKS = BN / 4;      // float4 chunks along N in a row of N-major B
+constexpr int B_ROW_STEP = THREADS / N_CHUNKS;  // N-major B: k-rows between a thread's chunks
 
 // k-tile depth: 16 when B is N-major (B goes to shared memory by cp.async,
 // with no registers staging it, so twice the depth costs no registers and
@@ -74,7 +75,6 @@ struct Loader {
   static constexpr int K_CHUNKS = BK / 4;                // float4 chunks along K in a row of A
   static constexpr int CHUNKS = BM * BK / 4 / THREADS;   // chunks per thread and operand
   static constexpr int ROW_STEP = THREADS / K_CHUNKS;
-  static constexpr int B_ROW_STEP = THREADS / N_CHUNKS;  // N-major B: k-rows between a thread's chunks
   static_assert(BM * BK / 4 % THREADS == 0 && BN * BK / 4 % THREADS == 0, "every thread copies whole chunks");
 
   struct Fetched {
