@@ -30,22 +30,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 import diffusers_unet as unet_example  # noqa: E402
 import transformers_llama as llama_example  # noqa: E402
+from benchmark_table import warm_up_gpu  # noqa: E402
 from kernelize_linear import DEFAULT_BUILD, compare_kernelized  # noqa: E402
 from matmul_checks import environment, environment_lines, load_kernel  # noqa: E402
-
-
-def warm_up_gpu(seconds: float = 2.0) -> None:
-    """Large bf16 products for a while, so the SM clock has left idle before the first timing."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    while True:
-        for _ in range(20):
-            torch.matmul(a, a)
-        end.record()
-        end.synchronize()
-        if start.elapsed_time(end) >= seconds * 1e3:
-            return
 
 
 def time_llama(args, build_dir: Path) -> dict:
