@@ -402,3 +402,14 @@ def test_tile_config_op_rejects_negative_sizes_and_a_missing_device(pm):
         pm._matmul.ops.tile_config(-1, 4, 0)
     with pytest.raises(RuntimeError, match=r"tile_config needs a CUDA device; cuda:0 is not present"):
         pm._matmul.ops.tile_config(4, 4, 0)
+    with pytest.raises(RuntimeError, match=r"tile_config needs a CUDA device; cuda:0 is not present"):
+        pm._matmul.ops.tile_config(4, 4, 0, True)  # the Hopper rungs' configuration
+
+
+def test_tile_config_names_the_rungs_that_have_one(pm):
+    for kernel in ("naive", "warptiled", "auto"):
+        with pytest.raises(ValueError, match=rf"^kernel '{kernel}' has no tile configuration; choose one of: "
+                                             r"tiled, persistent, wgmma, wgmma_persistent$"):
+            pm.tile_config(64, 64, 0, kernel=kernel)
+    with pytest.raises(ValueError, match=r"unknown kernel 'wgmma2'"):
+        pm.tile_config(64, 64, 0, kernel="wgmma2")
