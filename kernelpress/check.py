@@ -71,8 +71,8 @@ def hopper_instructions(so: Path, cuobjdump: Path) -> dict[str, int] | str:
     out = subprocess.run([str(cuobjdump), "--dump-sass", "--gpu-architecture", "sm_90a", str(so)],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
-        return (out.stderr or out.stdout).strip().splitlines()[-1] if (out.stderr or out.stdout).strip() else \
-            f"cuobjdump exited {out.returncode}"
+        message = (out.stderr or out.stdout).strip()
+        return message.splitlines()[-1] if message else f"cuobjdump exited {out.returncode}"
     return {name: len(re.findall(rf"\b{name}\b", out.stdout)) for name in HOPPER_INSTRUCTIONS}
 
 

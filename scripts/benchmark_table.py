@@ -44,7 +44,7 @@ HILBERT = "-hilbert"
 CLUSTER2 = "-cluster2"
 
 
-def with_hilbert_columns(rungs: list[str]) -> list[str]:
+def with_variant_columns(rungs: list[str]) -> list[str]:
     """rungs, plus "<persistent rung>-hilbert" after each persistent rung among them,
     and wgmma_persistent in 2-CTA clusters ("wgmma_persistent-cluster2")."""
     out = []
@@ -196,7 +196,7 @@ def main() -> int:
     rows = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
-        rungs = with_hilbert_columns([n for n in (args.rungs or available)
+        rungs = with_variant_columns([n for n in (args.rungs or available)
                                       if n in available and dtype in available[n].dtypes])
         for m, n, k in args.shapes:
             row = bench_shape(pm, m, n, k, dtype, rungs, tf32=False)
@@ -204,7 +204,7 @@ def main() -> int:
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "results"}),
                   {name: round(r.get("tflops", 0), 1) for name, r in row["results"].items()}, flush=True)
     env["clocks_at_end"] = gpu_clocks()
-    columns = with_hilbert_columns([n for n in (args.rungs or available) if n in available])
+    columns = with_variant_columns([n for n in (args.rungs or available) if n in available])
     text = markdown(env, rows, columns)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}-{args.tag}"
