@@ -1,7 +1,7 @@
 // Hopper (sm_90a) building blocks shared by the `wgmma` and
-// `wgmma_persistent` rungs: mbarriers, TMA (bulk tensor) loads, wgmma and its
+// `wgmma_persistent` rungs: mbarriers, TMA (bulk tensor) loads and stores, wgmma and its
 // shared-memory descriptors, register reallocation, and on the host the
-// cached tensor maps that describe A and B to the copy engine.
+// cached tensor maps that describe A, B and the output to the copy engine.
 //
 // Everything here is PTX for sm_90a; the sources that include it are built
 // only for "9.0a" (build.toml's [kernel.hopper]).
@@ -80,6 +80,35 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
       " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(inner), "r"(outer), "h"(cta_mask)
       : "memory");
+}
+
+// TMA stores: a box of shared memory (written by ordinary stores, then made
+// visible to the copy engine with fence_proxy_async) to the tensor at box
+// coordinates (inner, outer); parts of the box outside the tensor are not
+// written. Stores are grouped per thread with bulk_commit; bulk_wait_read<N>
+// returns once at most N of the thread's groups still read shared memory,
+// bulk_wait<N> once at most N are still writing global memory.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int inner, int outer) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(inner), "r"(outer)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // Thread block clusters: this CTA's rank, a barrier over every thread of the

@@ -27,8 +27,11 @@ struct MatmulProblem {
   // Instrumented launches only: one TileRecord per output tile (see
   // tensor_core_tile.cuh), nullptr for the normal path.
   void* timeline = nullptr;
-  // The persistent rungs only: 0 = grouped tile order, 1 = Hilbert (tile_scheduler.cuh).
+  // The persistent rungs only: 0 = grouped tile order, 1 = Hilbert, 2 =
+  // dynamic (tile_scheduler.cuh), which takes tile indices from
+  // `tile_counter`: one uint32 in device memory, zero at launch.
   int32_t tile_order = 0;
+  uint32_t* tile_counter = nullptr;
   // `wgmma_persistent` only: 1 (no clusters, the default: measured faster), or
   // 2 (CTA pairs share B by TMA multicast; 0.58x as fast on the H200 so far).
   int32_t cluster_size = 1;

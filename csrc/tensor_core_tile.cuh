@@ -3,10 +3,13 @@
 //
 // * Global -> shared: cp.async 16-byte copies into a STAGES-deep ring of
 //   shared-memory buffers, so the loads of k-tile i+STAGES-1 are in flight while
-//   k-tile i is multiplied. What lies past the edges of M, N and K is zeros in
-//   shared memory (copy_chunk_16: a chunk cut by an edge is read element by
-//   element, a chunk past an edge is not read), so the math needs no bounds
-//   checks.
+//   k-tile i is multiplied. Interior tiles (inside M and N, K a multiple of
+//   BK: most tiles of a large problem) copy every chunk with a bare cp.async.
+//   Edge tiles check each chunk: what lies past the edges of M, N and K is
+//   zeros in shared memory (copy_chunk_16: a chunk cut by an edge is read
+//   element by element, a chunk past an edge is not read), so the math needs
+//   no bounds checks. The two kinds are two instantiations of the same code
+//   (the FULL template flag), picked per tile.
 // * Shared memory is XOR-swizzled per 16-byte chunk, so the cp.async writes and
 //   the ldmatrix reads of 8 rows hit 8 different bank groups (no conflicts).
 // * Shared -> registers: ldmatrix (.trans for a B tile stored N-major), one
@@ -176,6 +179,11 @@ struct ChunkCopier {
     return src + kt * ktile_bytes;
   }
 
+  // Chunk i of an interior tile: the whole chunk, no checks.
+  __device__ __forceinline__ void issue_whole(uint32_t smem, const char* p, int64_t ld, int i) const {
+    cp_async_16(dst(smem, i), p + i * (ld * ROW_STEP * 2));
+  }
+
   // Chunk i: K contiguous (`bytes` from kt_bytes_k_contiguous) or K as rows
   // (`rows` from kt_rows_k_rows), from p = kt_src(kt) into the stage at `smem`.
   __device__ __forceinline__ void issue_k_contiguous(uint32_t smem, const char* p, int64_t ld, int i,
@@ -209,7 +217,10 @@ struct TileShape {
   static constexpr int A_STAGE_BYTES = BM * BK * 2;
   static constexpr int B_STAGE_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
-  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
+  // The stages, then 16 bytes where `persistent`'s dynamic order passes each
+  // claimed tile index to the CTA's threads.
+  static constexpr int CLAIM_SLOT_OFFSET = STAGES * STAGE_BYTES;
+  static constexpr int SMEM_BYTES = CLAIM_SLOT_OFFSET + 16;
 };
 
 // The operands as the tile reads them (see the header comment for layouts).
@@ -247,9 +258,26 @@ struct Tile {
     // stage at shared address `stage` (part and parts are constants where the
     // mainloop is unrolled, and what depends only on kt is computed once for
     // all parts): the mainloop spreads one k-tile's copies over its mma
-    // k-steps. A k-tile past K reads nothing and zero-fills its stage.
+    // k-steps. A k-tile past K reads nothing and zero-fills its stage (FULL:
+    // leaves it alone, as nothing reads it).
+    template <bool FULL>
     __device__ __forceinline__ void issue(const TileOperands& op, uint32_t stage, int kt, int part,
                                           int parts) const {
+      if constexpr (FULL) {
+        if (int64_t(kt) * S::BK >= op.k) return;
+        const char* pa = a.kt_src(kt, S::BK * 2);
+        const char* pb = b.kt_src(kt, B_KMAJOR ? S::BK * 2 : S::BK * op.ldb * 2);
+#pragma unroll
+        for (int c = 0; c < A_CHUNKS + B_CHUNKS; ++c) {
+          if (c * parts / (A_CHUNKS + B_CHUNKS) != part) continue;
+          if (c < A_CHUNKS) {
+            a.issue_whole(stage, pa, op.lda, c);
+          } else {
+            b.issue_whole(stage + S::A_STAGE_BYTES, pb, op.ldb, c - A_CHUNKS);
+          }
+        }
+        return;
+      }
       const char* pa = a.kt_src(kt, S::BK * 2);
       const int a_bytes = a.kt_bytes_k_contiguous(kt, op.k);
       const char* pb = b.kt_src(kt, B_KMAJOR ? S::BK * 2 : S::BK * op.ldb * 2);
@@ -320,14 +348,40 @@ struct Tile {
     return smem_addr(smem) + s * S::STAGE_BYTES;
   }
 
+  // Whether a tile needs no checked copies: it lies inside M and N, and K
+  // is whole k-tiles.
+  static __device__ __forceinline__ bool interior(const TileOperands& op, int tile_m, int tile_n) {
+    return int64_t(tile_m + 1) * S::BM <= op.m && int64_t(tile_n + 1) * S::BN <= op.n && op.k % S::BK == 0;
+  }
+
   // Start the first STAGES - 1 k-tiles of a tile (one cp.async group each;
   // k-tiles past K copy nothing).
-  static __device__ __forceinline__ void prologue(const TileOperands& op, char* smem, int tile_m, int tile_n) {
+  template <bool FULL>
+  static __device__ __forceinline__ void prologue_of(const TileOperands& op, char* smem, int tile_m, int tile_n) {
     const Loader ld(op, tile_m, tile_n);
 #pragma unroll
     for (int s = 0; s < S::STAGES - 1; ++s) {
-      ld.issue(op, stage_addr(smem, s), s, 0, 1);
+      ld.template issue<FULL>(op, stage_addr(smem, s), s, 0, 1);
       cp_async_commit();
+    }
+  }
+  static __device__ __forceinline__ void prologue(const TileOperands& op, char* smem, int tile_m, int tile_n) {
+    if (interior(op, tile_m, tile_n)) {
+      prologue_of<true>(op, smem, tile_m, tile_n);
+    } else {
+      prologue_of<false>(op, smem, tile_m, tile_n);
+    }
+  }
+
+  // The k loop of a tile whose prologue was issued (mainloop_of below), in
+  // its interior or edge form.
+  template <typename T>
+  static __device__ __forceinline__ void mainloop(const TileOperands& op, char* smem, int tile_m, int tile_n,
+                                                  float (&acc)[S::MMA_M][S::MMA_N][4]) {
+    if (interior(op, tile_m, tile_n)) {
+      mainloop_of<T, true>(op, smem, tile_m, tile_n, acc);
+    } else {
+      mainloop_of<T, false>(op, smem, tile_m, tile_n, acc);
     }
   }
 
@@ -346,9 +400,9 @@ struct Tile {
   // last k-step multiplies. Ends with every cp.async drained and every warp
   // past its last read of shared memory, so the buffers are free for the next
   // tile's prologue.
-  template <typename T>
-  static __device__ __forceinline__ void mainloop(const TileOperands& op, char* smem, int tile_m, int tile_n,
-                                                  float (&acc)[S::MMA_M][S::MMA_N][4]) {
+  template <typename T, bool FULL>
+  static __device__ __forceinline__ void mainloop_of(const TileOperands& op, char* smem, int tile_m, int tile_n,
+                                                     float (&acc)[S::MMA_M][S::MMA_N][4]) {
     static_assert(KS >= 2, "copies are spread over the k-steps before the last");
 #pragma unroll
     for (int i = 0; i < S::MMA_M; ++i)
@@ -397,7 +451,7 @@ struct Tile {
 #pragma unroll
           for (int n = 0; n < B_LOADS; ++n)
             if (t == n * MMAS / B_LOADS + MMAS / B_LOADS / 2 && load_next) load_b(next_b, next_stage, b_lane, next_ks, 2 * n);
-          if (t == 1 && ks < KS - 1) ld.issue(op, write_stage, write_kt, ks, KS - 1);
+          if (t == 1 && ks < KS - 1) ld.template issue<FULL>(op, write_stage, write_kt, ks, KS - 1);
           mma_16816<T>(acc[i][j], a[i], cur_b[j][0], cur_b[j][1]);
           if (t % S::MMA_N == S::MMA_N - 1 && load_next) load_a(a, next_stage, a_lane, next_ks, i);
         }

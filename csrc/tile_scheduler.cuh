@@ -6,7 +6,13 @@
 // at the same time share rows of A and columns of B in L2. Hilbert order
 // (persistent only) walks a Hilbert curve over the smallest power-of-two
 // square that covers the tile grid, skipping cells outside it: neighbouring
-// indices are neighbouring tiles in both directions.
+// indices are neighbouring tiles in both directions. Dynamic order
+// (persistent only) is the grouped order handed out at run time: a CTA that
+// finishes a tile takes the next unclaimed index from a counter in global
+// memory (one atomic per tile), so CTAs that run ahead take more tiles and
+// the tiles in flight stay a contiguous stretch of the grouped order, as the
+// hardware's block dispatch keeps them for `tiled`. A static order fixes
+// each CTA's tiles up front (blockIdx.x, blockIdx.x + gridDim.x, ...).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +31,7 @@ struct TileCoord {
 // long, thin tile grid most cells of Hilbert's covering square lie outside
 // it, and striding CTAs over the square gives some CTAs several tiles and
 // others none (3x slower at 128x4096x4096).
-enum class TileOrder : int32_t { kGrouped = 0, kHilbert = 1 };
+enum class TileOrder : int32_t { kGrouped = 0, kHilbert = 1, kDynamic = 2 };
 
 __host__ __device__ __forceinline__ TileCoord grouped_tile(int t, int tiles_m, int tiles_n) {
   constexpr int GROUP_M = 8;
@@ -58,14 +64,20 @@ __host__ __device__ __forceinline__ TileCoord hilbert_cell(int64_t d, int side) 
   return {y, x};
 }
 
-// The tiles one persistent CTA computes, in the chosen order: indices
+// The next index of the dynamic order: one atomic on the launch's counter
+// (zeroed before the launch). Indices past the last tile say "no more".
+__device__ __forceinline__ int64_t claim_tile_index(uint32_t* counter) { return atomicAdd(counter, 1u); }
+
+// The tiles one persistent CTA computes, in a static order: indices
 // first, first + stride, ... (by default blockIdx.x, blockIdx.x + gridDim.x,
 // ...; a cluster of CTAs walks its own sequence of cluster-sized tiles).
+// Where every thread of the CTA walks the tiles together (`persistent`),
+// claimed() gives the dynamic order instead.
 class TileScheduler {
  public:
   __device__ TileScheduler(int tiles_m, int tiles_n, TileOrder order)
       : TileScheduler(tiles_m, tiles_n, order, blockIdx.x, gridDim.x) {}
-  __device__ TileScheduler(int tiles_m, int tiles_n, TileOrder order, int first, int stride)
+  __device__ TileScheduler(int tiles_m, int tiles_n, TileOrder order, int64_t first, int stride)
       : tiles_m_(tiles_m), tiles_n_(tiles_n), order_(order), stride_(stride), next_(first) {
     if (order_ == TileOrder::kHilbert) {
       side_ = 1;
@@ -77,8 +89,29 @@ class TileScheduler {
     }
   }
 
+  // The dynamic order for a CTA whose threads all call next() together:
+  // thread 0 claims each index and shares it through `slot` in shared memory.
+  static __device__ TileScheduler claimed(int tiles_m, int tiles_n, uint32_t* counter, int64_t* slot) {
+    TileScheduler s(tiles_m, tiles_n, TileOrder::kGrouped, 0, 1);
+    s.counter_ = counter;
+    s.slot_ = slot;
+    return s;
+  }
+
+  // The static orders' next index (where a scheduler rebuilt later resumes).
+  __device__ int64_t position() const { return next_; }
+
   // The CTA's next tile; false when it has none left.
   __device__ bool next(TileCoord& tile) {
+    if (counter_ != nullptr) {
+      if (threadIdx.x == 0) *slot_ = claim_tile_index(counter_);
+      __syncthreads();
+      const int64_t index = *slot_;
+      __syncthreads();  // every thread has read the slot before thread 0 refills it
+      if (index >= end_) return false;
+      tile = grouped_tile(int(index), tiles_m_, tiles_n_);
+      return true;
+    }
     for (; next_ < end_; next_ += stride_) {
       tile = order_ == TileOrder::kHilbert ? hilbert_cell(next_, side_)
                                            : grouped_tile(int(next_), tiles_m_, tiles_n_);
@@ -96,6 +129,8 @@ class TileScheduler {
   int stride_;
   int side_;
   int64_t next_, end_;
+  uint32_t* counter_ = nullptr;  // dynamic order only
+  int64_t* slot_ = nullptr;
 };
 
 }  // namespace tc

@@ -17,22 +17,22 @@ namespace {
 template <typename T, typename Shape, bool B_KMAJOR, bool TIMELINE>
 __global__ void __launch_bounds__(Shape::THREADS, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                 const MatmulProblem p) {
+                 const __grid_constant__ CUtensorMap map_out, const bool store_by_tma, const MatmulProblem p) {
   const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
-  hopper::run_cta<T, Shape, 1, B_KMAJOR, TIMELINE>(&map_a, &map_b, p,
-                                                   [&](int) { return hopper::OneTilePerCta(tiles_m, tiles_n); });
+  hopper::run_cta<T, Shape, 1, B_KMAJOR, TIMELINE>(&map_a, &map_b, &map_out, store_by_tma, p,
+                                                   [&](int, const hopper::TileQueue&, auto) { return hopper::OneTilePerCta(tiles_m, tiles_n); });
 }
 
 template <bool TIMELINE>
 cudaError_t launch(const MatmulProblem& p, cudaStream_t stream, int device) {
-  return hopper::dispatch(p, device, 1, [&](auto type, auto shape, auto kmajor, const CUtensorMap& map_a,
-                                         const CUtensorMap& map_b) {
+  return hopper::dispatch(p, device, 1, [&](auto type, auto shape, auto kmajor, const hopper::TensorMaps& maps) {
     using T = typename decltype(type)::type;
     using Shape = decltype(shape);
     constexpr auto kernel = wgmma_kernel<T, Shape, decltype(kmajor)::value, TIMELINE>;
     if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
     const int64_t tiles = ceil_div(p.m, Shape::BM) * ceil_div(p.n, Shape::BN);
-    kernel<<<static_cast<unsigned>(tiles), Shape::THREADS, Shape::SMEM_BYTES, stream>>>(map_a, map_b, p);
+    kernel<<<static_cast<unsigned>(tiles), Shape::THREADS, Shape::SMEM_BYTES, stream>>>(maps.a, maps.b, maps.out,
+                                                                                        maps.store_by_tma, p);
     return cudaGetLastError();
   });
 }

@@ -1,5 +1,5 @@
 // Host side shared by the Hopper rungs `wgmma` and `wgmma_persistent`: the
-// tile shape per problem, the tensor maps of A and B, and the dispatch over
+// tile shape per problem, the tensor maps of A, B and the output, and the dispatch over
 // dtype, tile shape and B layout. Operand rules are the tensor-core rungs'
 // (tc::operands_ok): A K-contiguous, B K- or N-contiguous, leading dims
 // multiples of 8 elements, 16-byte aligned data; that is exactly what TMA
@@ -55,18 +55,48 @@ bool make_tensor_maps(const MatmulProblem& p, bool b_kmajor, int cluster, CUtens
   return tensor_map(a, map_a) && tensor_map(b, map_b);
 }
 
-// Calls launch(TypeTag<T>, Shape, std::bool_constant<B_KMAJOR>, map_a, map_b)
-// with tensor maps for clusters of `cluster` CTAs.
+// Whether TMA can store the output: contiguous rows whose starts are 16-byte
+// aligned (TMA's rule for a base and a row stride), and rows a whole number
+// of 16-byte chunks long: TMA stores write whole 16-byte chunks, so a row of
+// N % 8 != 0 elements would get its neighbour's first elements overwritten
+// (seen on the H200: an out view inside a wider buffer lost up to 7 of them).
+inline bool tma_can_store(const MatmulProblem& p) {
+  return tc::aligned16(p.out) && p.out_stride_n == 1 && p.n % 8 == 0 && (p.m == 1 || p.out_stride_m % 8 == 0);
+}
+
+// The output as TMA stores it, in 64 x 64 boxes (the staging buffers of wgmma_tile.cuh).
+inline bool make_output_map(const MatmulProblem& p, CUtensorMap* map_out) {
+  TensorMapKey out{};
+  out.base = p.out;
+  out.rows = uint64_t(p.m);
+  out.cols = uint64_t(p.n);
+  out.row_stride_bytes = uint64_t(p.m == 1 ? round_up(p.n, 8) : p.out_stride_m) * 2;
+  out.box_rows = 64;
+  out.box_cols = 64;
+  out.bf16 = p.dtype == ElementType::kBFloat16;
+  return tensor_map(out, map_out);
+}
+
+// The tensor maps of one launch (passed to the kernel as __grid_constant__
+// parameters, where TMA reads them).
+struct TensorMaps {
+  CUtensorMap a, b, out;
+  bool store_by_tma = false;
+};
+
+// Calls launch(TypeTag<T>, Shape, std::bool_constant<B_KMAJOR>, maps) with
+// tensor maps for clusters of `cluster` CTAs.
 template <typename Launch>
 cudaError_t dispatch(const MatmulProblem& p, int device, int cluster, Launch&& launch) {
   if (!tc::operands_ok(p)) return cudaErrorInvalidValue;
   const bool kmajor = tc::b_layout(p) == tc::BLayout::kKMajor;
   const bool wide = use_wide_tile(p.m, p.n, tc::sm_count(device));
   auto by_layout = [&](auto type, auto shape) -> cudaError_t {
-    CUtensorMap map_a, map_b;
-    if (!make_tensor_maps<decltype(shape)>(p, kmajor, cluster, &map_a, &map_b)) return cudaErrorInvalidValue;
-    return kmajor ? launch(type, shape, std::true_type{}, map_a, map_b)
-                  : launch(type, shape, std::false_type{}, map_a, map_b);
+    TensorMaps maps;
+    if (!make_tensor_maps<decltype(shape)>(p, kmajor, cluster, &maps.a, &maps.b)) return cudaErrorInvalidValue;
+    // An output TMA cannot describe is stored from registers (the map stays unused).
+    maps.store_by_tma = tma_can_store(p) && make_output_map(p, &maps.out);
+    return kmajor ? launch(type, shape, std::true_type{}, maps) : launch(type, shape, std::false_type{}, maps);
   };
   auto by_shape = [&](auto type) { return wide ? by_layout(type, WideTile{}) : by_layout(type, NarrowTile{}); };
   return p.dtype == ElementType::kBFloat16 ? by_shape(tc::TypeTag<__nv_bfloat16>{})

@@ -4,10 +4,11 @@
 // Over `wgmma`, the grid is what fits on the GPU at once (the CTAs, or
 // clusters, that can be resident together, read at run time) and each CTA
 // walks output tiles through the tile scheduler (tile_scheduler.cuh: grouped
-// or Hilbert order). The producer warpgroup does not stop at a tile's end:
-// while the consumers write one tile's results, it is already loading the
-// next tile's first stages, so every tile after a CTA's first starts with
-// its pipeline full.
+// or Hilbert order, or the dynamic order, where the producer thread claims
+// each next tile from a counter and queues it for the consumers). The
+// producer warpgroup does not stop at a tile's end: while the consumers
+// write one tile's results, it is already loading the next tile's first
+// stages, so every tile after a CTA's first starts with its pipeline full.
 //
 // cluster_size = 2 (an option, not the default) runs clusters of two CTAs
 // on pairs of vertically adjacent tiles, which need the same slice of B:
@@ -23,47 +24,60 @@ namespace {
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(Shape::THREADS, 1)
     wgmma_persistent_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                            const __grid_constant__ CUtensorMap map_out, const bool store_by_tma,
                             const MatmulProblem p) {
   const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
   const auto order = static_cast<tc::TileOrder>(p.tile_order);
   if constexpr (CLUSTER == 2) {
     hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
-        &map_a, &map_b, p, [&](int rank) { return hopper::TilePairsPerCluster(tiles_m, tiles_n, order, rank); });
+        &map_a, &map_b, &map_out, store_by_tma, p, [&](int rank, const hopper::TileQueue&, auto) {
+          return hopper::TilePairsPerCluster(tiles_m, tiles_n, order, rank);
+        });
   } else {
     hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
-        &map_a, &map_b, p, [&](int) { return tc::TileScheduler(tiles_m, tiles_n, order); });
+        &map_a, &map_b, &map_out, store_by_tma, p, [&](int, const hopper::TileQueue& queue, auto is_producer) {
+          return hopper::PersistentTiles<decltype(is_producer)::value>(tiles_m, tiles_n, order, p.tile_counter,
+                                                                        queue);
+        });
   }
 }
 
 // CTAs that fill the device once: the clusters that can be resident at the
 // same time (SM count, shared memory and the GPCs' layout decide; asked of
-// the runtime), capped at the number of tile pairs, times the cluster size.
-template <int CLUSTER, typename Kernel>
-int64_t persistent_grid(Kernel kernel, int threads, int smem_bytes, int device, int64_t tiles_m, int64_t tiles_n) {
+// the runtime once per kernel and device, as the query costs microseconds of
+// host time per call), capped at the number of tile pairs, times the cluster size.
+template <int CLUSTER, auto kKernel>
+int64_t persistent_grid(int threads, int smem_bytes, int device, int64_t tiles_m, int64_t tiles_n) {
   const int64_t pairs = ceil_div(tiles_m, CLUSTER) * tiles_n;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(CLUSTER * min_i64(pairs, 1 << 20)));
-  config.blockDim = dim3(unsigned(threads));
-  config.dynamicSmemBytes = size_t(smem_bytes);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters < 1) {
-    cudaGetLastError();  // clear it: the launch reports real errors
-    clusters = tc::sm_count(device) / CLUSTER;
+  static int cached[128] = {};
+  const bool cacheable = device >= 0 && device < 128;
+  int clusters = cacheable ? cached[device] : 0;
+  if (clusters == 0) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(CLUSTER * tc::sm_count(device)));
+    config.blockDim = dim3(unsigned(threads));
+    config.dynamicSmemBytes = size_t(smem_bytes);
+    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess || clusters < 1) {
+      cudaGetLastError();  // clear it: the launch reports real errors
+      clusters = tc::sm_count(device) / CLUSTER;
+    } else if (cacheable) {
+      cached[device] = clusters;
+    }
   }
   return CLUSTER * min_i64(pairs, clusters);
 }
 
 template <int CLUSTER, bool TIMELINE>
 cudaError_t launch(const MatmulProblem& p, cudaStream_t stream, int device) {
-  return hopper::dispatch(p, device, CLUSTER, [&](auto type, auto shape, auto kmajor, const CUtensorMap& map_a,
-                                                  const CUtensorMap& map_b) {
+  return hopper::dispatch(p, device, CLUSTER, [&](auto type, auto shape, auto kmajor, const hopper::TensorMaps& maps) {
     using T = typename decltype(type)::type;
     using Shape = decltype(shape);
     constexpr auto kernel = wgmma_persistent_kernel<T, Shape, CLUSTER, decltype(kmajor)::value, TIMELINE>;
     if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
-    const int64_t ctas = persistent_grid<CLUSTER>(kernel, Shape::THREADS, Shape::SMEM_BYTES, device,
-                                                  ceil_div(p.m, Shape::BM), ceil_div(p.n, Shape::BN));
-    kernel<<<static_cast<unsigned>(ctas), Shape::THREADS, Shape::SMEM_BYTES, stream>>>(map_a, map_b, p);
+    const int64_t ctas = persistent_grid<CLUSTER, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device,
+                                                          ceil_div(p.m, Shape::BM), ceil_div(p.n, Shape::BN));
+    kernel<<<static_cast<unsigned>(ctas), Shape::THREADS, Shape::SMEM_BYTES, stream>>>(maps.a, maps.b, maps.out,
+                                                                                       maps.store_by_tma, p);
     return cudaGetLastError();
   });
 }
@@ -91,8 +105,8 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
     // Every variant of a shape has the same threads and shared memory, so one stands for all.
     constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 1, true, false>;  // the default
     tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
-    cfg.persistent_ctas = persistent_grid<1>(kernel, Shape::THREADS, Shape::SMEM_BYTES, device, ceil_div(m, Shape::BM),
-                                          ceil_div(n, Shape::BN));
+    cfg.persistent_ctas = persistent_grid<1, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device,
+                                                     ceil_div(m, Shape::BM), ceil_div(n, Shape::BN));
   };
   if (hopper::use_wide_tile(m, n, tc::sm_count(device))) {
     fill(hopper::WideTile{});

@@ -9,9 +9,13 @@
 // 128-row tile, waits for a stage, multiplies it with four m64nBNk16 wgmmas
 // (fp32 accumulators in registers), keeps one wgmma group in flight, and
 // frees the stage on its `empty` mbarrier once the wgmmas that read it are
-// done. After the last k-block the consumers write their rows to global
-// memory (bias fused, tails clipped) while the producer already loads the
-// next tile's stages, if the CTA has one.
+// done. After the last k-block the consumers hand their rows (bias added,
+// rounded) to the copy engine: each writes 64 x 64 boxes into a pair of
+// swizzled staging buffers and one thread issues a TMA store per box, which
+// writes global memory (tails clipped) while the consumers go on to the next
+// tile's k-loop; the producer meanwhile already loads that tile's stages.
+// Outputs TMA cannot store (rows not 16-byte aligned or not a multiple of
+// 16 bytes long, strided columns) are stored from registers instead.
 //
 // With CLUSTER = 2 (an option of `wgmma_persistent`), the two CTAs of a thread block
 // cluster compute vertically adjacent tiles, which need the same slice of B:
@@ -20,9 +24,12 @@
 // only when the consumers of both CTAs are done with it.
 //
 // The stream of tiles is the only difference between the two rungs: one
-// tile per CTA (`wgmma`), or the persistent tile scheduler (`wgmma_persistent`,
-// over pairs of tiles in its cluster option).
+// tile per CTA (`wgmma`), or the persistent tile scheduler (`wgmma_persistent`:
+// a static order, the dynamic order through a small queue of claimed tiles,
+// or pairs of tiles in its cluster option).
 #pragma once
+
+#include <type_traits>
 
 #include "device_helpers.cuh"
 #include "hopper_helpers.cuh"
@@ -33,9 +40,15 @@
 namespace persistent_matmul {
 namespace hopper {
 
+// Slots of the queue that hands dynamically claimed tiles from the producer
+// thread to the consumers: one for the tile being computed, one for the
+// tile the producer is already loading.
+constexpr int TILE_QUEUE_SLOTS = 2;
+
 // A 128 x BN x 64 tile: two consumer warpgroups of 64 x BN each. BN = 256
 // for problems with enough tiles to fill the GPU, 128 otherwise. The stages
-// take what fits in ~200 KB of shared memory (4 of 48 KB, or 6 of 32 KB).
+// take what fits in ~200 KB of shared memory (4 of 48 KB, or 6 of 32 KB);
+// the output staging buffers (two 64 x 64 boxes per consumer) take 32 KB.
 template <int BN_>
 struct WgmmaShape {
   static constexpr int BM = 128, BN = BN_, BK = 64;
@@ -46,9 +59,16 @@ struct WgmmaShape {
   static constexpr int B_STAGE_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
   static constexpr int STAGES = (200 * 1024) / STAGE_BYTES;
-  // 1024 bytes of slack to align the stages for the 128-byte swizzle, then
-  // the full and empty barriers.
-  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
+  static constexpr int OUT_BOX_BYTES = 64 * 64 * 2;  // a 64 x 64 box of the output, 128-byte rows
+  static constexpr int OUT_BUFFERS = 2;              // per consumer: one fills while TMA reads the other
+  static constexpr int OUT_STAGING_BYTES = CONSUMERS * OUT_BUFFERS * OUT_BOX_BYTES;
+  // 1024 bytes of slack to align the stages for the 128-byte swizzle, the
+  // stages, the output staging (1024-byte aligned too), the full and empty
+  // barriers, then the tile queue (TileQueue): 225 KB at most, under the
+  // H200's 227 KB per CTA.
+  static constexpr int SMEM_BYTES =
+      1024 + STAGES * STAGE_BYTES + OUT_STAGING_BYTES + 2 * STAGES * 8 + TILE_QUEUE_SLOTS * (8 + 8 + 8);
+  static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
   // Registers per thread after setmaxnreg. At launch every thread holds
   // LAUNCH_REGS (64K / THREADS, rounded down to 8); the consumers can only
   // grow by what the producer gives back, else setmaxnreg.inc waits forever
@@ -61,16 +81,31 @@ struct WgmmaShape {
 using WideTile = WgmmaShape<256>;
 using NarrowTile = WgmmaShape<128>;
 
+// The tile queue in shared memory: per slot a tile index and two barriers,
+// `full` (the producer thread has written the slot) and `empty` (every
+// consumer thread has read it).
+struct TileQueue {
+  int64_t* slots;
+  uint64_t* full;
+  uint64_t* empty;
+};
+
 template <typename Shape>
 struct SharedStages {
-  char* stages;     // STAGES x (A stage, B stage), 1024-byte aligned
-  uint64_t* full;   // STAGES barriers: the stage holds data
-  uint64_t* empty;  // STAGES barriers: the consumers are done with the stage
+  char* stages;       // STAGES x (A stage, B stage), 1024-byte aligned
+  char* out_staging;  // CONSUMERS x OUT_BUFFERS output boxes, 1024-byte aligned
+  uint64_t* full;     // STAGES barriers: the stage holds data
+  uint64_t* empty;    // STAGES barriers: the consumers are done with the stage
+  TileQueue queue;    // the dynamic order's claimed tiles (wgmma_persistent)
   __device__ explicit SharedStages(char* raw) {
     const uintptr_t base = (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023);
     stages = reinterpret_cast<char*>(base);
-    full = reinterpret_cast<uint64_t*>(stages + Shape::STAGES * Shape::STAGE_BYTES);
+    out_staging = stages + Shape::STAGES * Shape::STAGE_BYTES;
+    full = reinterpret_cast<uint64_t*>(out_staging + Shape::OUT_STAGING_BYTES);
     empty = full + Shape::STAGES;
+    queue.full = empty + Shape::STAGES;
+    queue.empty = queue.full + TILE_QUEUE_SLOTS;
+    queue.slots = reinterpret_cast<int64_t*>(queue.empty + TILE_QUEUE_SLOTS);
   }
 };
 
@@ -123,6 +158,48 @@ class TilePairsPerCluster {
  private:
   tc::TileScheduler pairs_;
   int rank_;
+};
+
+// The tile stream of `wgmma_persistent` without clusters: its static orders
+// (tc::TileScheduler) or, with a counter, the dynamic order, where the
+// producer thread claims each tile (tc::claim_tile_index) as it starts to
+// load it and passes the index on to the consumer threads through the tile
+// queue. PRODUCER says which side this copy of the stream is.
+template <bool PRODUCER>
+class PersistentTiles {
+ public:
+  __device__ PersistentTiles(int tiles_m, int tiles_n, tc::TileOrder order, uint32_t* counter,
+                             const TileQueue& queue)
+      : static_(tiles_m, tiles_n, order == tc::TileOrder::kDynamic ? tc::TileOrder::kGrouped : order),
+        counter_(order == tc::TileOrder::kDynamic ? counter : nullptr),
+        queue_(queue),
+        tiles_m_(tiles_m),
+        tiles_n_(tiles_n) {}
+  __device__ bool next(tc::TileCoord& tile) {
+    if (counter_ == nullptr) return static_.next(tile);
+    int64_t index;
+    if constexpr (PRODUCER) {
+      index = tc::claim_tile_index(counter_);
+      mbarrier_wait(&queue_.empty[slot_.stage], slot_.phase ^ 1);  // a fresh barrier passes parity 1
+      queue_.slots[slot_.stage] = index;
+      mbarrier_arrive(&queue_.full[slot_.stage]);  // releases the slot's write to the waiting consumers
+    } else {
+      mbarrier_wait(&queue_.full[slot_.stage], slot_.phase);
+      index = *static_cast<volatile int64_t*>(&queue_.slots[slot_.stage]);
+      mbarrier_arrive(&queue_.empty[slot_.stage]);
+    }
+    slot_.advance();
+    if (index >= int64_t(tiles_m_) * tiles_n_) return false;  // past the last tile: the stream ends
+    tile = tc::grouped_tile(int(index), tiles_m_, tiles_n_);
+    return true;
+  }
+
+ private:
+  tc::TileScheduler static_;
+  uint32_t* counter_;
+  TileQueue queue_;
+  int tiles_m_, tiles_n_;
+  RingPosition<TILE_QUEUE_SLOTS> slot_;
 };
 
 // Producer: loads every k-block of every tile of the stream into the ring.
@@ -260,11 +337,71 @@ __device__ __forceinline__ void store_tile(const MatmulProblem& p, tc::TileCoord
   }
 }
 
+// Hands one consumer's 64 x BN accumulators (+ bias) to the copy engine, in
+// BN / 64 boxes of 64 x 64 through the consumer's two staging buffers. Each
+// thread writes its fragment pairs as 4-byte shared stores at the offsets of
+// TMA's 128-byte swizzle (16-byte chunk c of row r sits at chunk c ^ (r % 8)),
+// so the eight rows one store instruction touches fall in distinct banks.
+// Thread 0 of the warpgroup issues the TMA stores; before a buffer is
+// refilled it waits until the store issued from it two boxes ago has read it.
+// The stores complete in the background; the kernel's last act is to wait
+// for them (finish_stores).
+template <typename T, typename Shape>
+__device__ __forceinline__ void store_tile_tma(const MatmulProblem& p, const CUtensorMap* map_out,
+                                               char* staging, tc::TileCoord tile, int consumer,
+                                               const float (&d)[Shape::ACCUMULATORS]) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const bool leader = t == 0;
+  const int barrier = 2 + consumer;  // named barrier of this consumer warpgroup (0: __syncthreads, 1: timeline)
+  const int64_t col0 = int64_t(tile.n) * Shape::BN + 2 * (lane % 4);
+  const T* bias = static_cast<const T*>(p.bias);
+  char* buffers = staging + consumer * Shape::OUT_BUFFERS * Shape::OUT_BOX_BYTES;
+#pragma unroll
+  for (int box = 0; box < Shape::BN / 64; ++box) {
+    char* buffer = buffers + (box % Shape::OUT_BUFFERS) * Shape::OUT_BOX_BYTES;
+    if (leader) bulk_wait_read<Shape::OUT_BUFFERS - 1>();  // the buffer's previous store has read it
+    named_barrier_sync(barrier, 128);
+#pragma unroll
+    for (int block = 0; block < 8; ++block) {  // 8-column blocks of the box
+      const int j = box * 8 + block;           // ... and of the consumer's fragment
+      const int64_t col = col0 + j * 8;
+      float bias0 = 0.0f, bias1 = 0.0f;
+      if (bias != nullptr) {
+        if (col < p.n) bias0 = to_float(bias[col]);
+        if (col + 1 < p.n) bias1 = to_float(bias[col + 1]);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp * 16 + lane / 4 + 8 * half;  // row % 8 == lane / 4
+        const int offset = row * 128 + ((block ^ (lane / 4)) << 4) + 4 * (lane % 4);
+        *reinterpret_cast<tc::Pair<T>*>(buffer + offset) =
+            tc::make_pair<T>(d[j * 4 + half * 2] + bias0, d[j * 4 + half * 2 + 1] + bias1);
+      }
+    }
+    fence_proxy_async();  // this thread's shared stores, visible to the copy engine
+    named_barrier_sync(barrier, 128);
+    if (leader) {
+      tma_store_2d(map_out, buffer, tile.n * Shape::BN + box * 64, tile.m * Shape::BM + consumer * 64);
+      bulk_commit();
+    }
+  }
+}
+
+// Before the CTA exits: thread 0 of each consumer waits until its TMA
+// stores have written global memory (and stopped reading shared memory).
+__device__ __forceinline__ void finish_stores() {
+  if (threadIdx.x % 128 == 0) bulk_wait<0>();
+}
+
 // The whole CTA: set up the barriers, split into producer and consumers, and
-// run the tile stream. `make_tiles(rank)` gives each role its own copy of the
-// stream of this CTA's tiles (both roles walk the same tiles in the same order).
+// run the tile stream. `make_tiles(rank, queue, is_producer)` gives each role
+// its own copy of the stream of this CTA's tiles (both roles walk the same
+// tiles in the same order).
+// `map_out` describes the output in 64 x 64 boxes if `store_by_tma`, else the
+// consumers store from registers (store_tile).
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE, typename MakeTiles>
-__device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensorMap* map_b, const MatmulProblem& p,
+__device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensorMap* map_b,
+                                        const CUtensorMap* map_out, bool store_by_tma, const MatmulProblem& p,
                                         MakeTiles make_tiles) {
   extern __shared__ char smem_raw[];
   const SharedStages<Shape> smem(smem_raw);
@@ -273,6 +410,10 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
     for (int s = 0; s < Shape::STAGES; ++s) {
       mbarrier_init(&smem.full[s], 1);
       mbarrier_init(&smem.empty[s], Shape::CONSUMERS * CLUSTER);
+    }
+    for (int s = 0; s < TILE_QUEUE_SLOTS; ++s) {
+      mbarrier_init(&smem.queue.full[s], 1);
+      mbarrier_init(&smem.queue.empty[s], 128 * Shape::CONSUMERS);
     }
     fence_barrier_init();
   }
@@ -286,20 +427,26 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     release_registers<Shape::PRODUCER_REGS>();
-    if (threadIdx.x == 0) produce<Shape, CLUSTER, B_KMAJOR>(map_a, map_b, smem, make_tiles(rank), p.m, k_blocks,
-                                                            rank);
+    if (threadIdx.x == 0) {
+      produce<Shape, CLUSTER, B_KMAJOR>(map_a, map_b, smem, make_tiles(rank, smem.queue, std::true_type{}), p.m,
+                                        k_blocks, rank);
+    }
   } else {
     claim_registers<Shape::CONSUMER_REGS>();
     const int consumer = warpgroup - 1;
     const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
     RingPosition<Shape::STAGES> ring;
-    auto tiles = make_tiles(rank);
+    auto tiles = make_tiles(rank, smem.queue, std::false_type{});
     tc::TileCoord tile;
     while (tiles.next(tile)) {
       const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
       float d[Shape::ACCUMULATORS];
       consume_tile<T, Shape, CLUSTER, B_KMAJOR>(smem, ring, k_blocks, consumer, d);
-      store_tile<T, Shape>(p, tile, consumer, d);
+      if (store_by_tma) {
+        store_tile_tma<T, Shape>(p, map_out, smem.out_staging, tile, consumer, d);
+      } else {
+        store_tile<T, Shape>(p, tile, consumer, d);
+      }
       if constexpr (TIMELINE) {
         named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have stored the tile
         if (threadIdx.x == 128 && tile.m < tiles_m) {  // not a tile below the output
@@ -308,6 +455,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
         }
       }
     }
+    if (store_by_tma) finish_stores();
   }
   // Stay alive until the partner CTA has made its last arrivals on our barriers.
   if constexpr (CLUSTER > 1) cluster_sync();

@@ -4,6 +4,7 @@
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
 #include <torch/headeronly/util/Exception.h>
 
 #include "matmul_problem.h"
@@ -108,8 +109,20 @@ void check_hopper(int32_t device) {
 }
 
 void check_tile_order(int64_t tile_order) {
-  STD_TORCH_CHECK(tile_order == 0 || tile_order == 1,
-                  "persistent_matmul: tile_order must be 0 (grouped) or 1 (Hilbert), got ", tile_order);
+  STD_TORCH_CHECK(tile_order >= 0 && tile_order <= 2,
+                  "persistent_matmul: tile_order must be 0 (grouped), 1 (Hilbert) or 2 (dynamic), got ", tile_order);
+}
+
+// Sets the problem's tile order; the dynamic order also gets its tile counter,
+// a fresh zero on the launch's stream (returned: it must outlive the launch call).
+std::optional<Tensor> set_tile_order(MatmulProblem& problem, const Tensor& a, int64_t tile_order) {
+  check_tile_order(tile_order);
+  problem.tile_order = static_cast<int32_t>(tile_order);
+  if (tile_order != 2) return std::nullopt;
+  torch::stable::accelerator::DeviceGuard guard(a.get_device_index());
+  Tensor counter = torch::stable::new_zeros(a, {1}, ScalarType::Int);
+  problem.tile_counter = static_cast<uint32_t*>(counter.data_ptr());
+  return counter;
 }
 
 void launch_on_stream(Launcher launch, const MatmulProblem& problem, int32_t device) {
@@ -159,7 +172,7 @@ void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>
   check_tile_order(tile_order);
   MatmulProblem problem = describe(a, b, bias, out);
   prepare_tensor_core(problem, a, timeline);
-  problem.tile_order = static_cast<int32_t>(tile_order);
+  const auto counter = set_tile_order(problem, a, tile_order);
   launch_on_stream(persistent_matmul::launch_persistent, problem, a.get_device_index());
 }
 
@@ -176,10 +189,12 @@ void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<T
   check_tile_order(tile_order);
   STD_TORCH_CHECK(cluster_size == 1 || cluster_size == 2,
                   "persistent_matmul: cluster_size must be 1 or 2, got ", cluster_size);
+  STD_TORCH_CHECK(cluster_size == 1 || tile_order != 2,
+                  "persistent_matmul: the dynamic tile order runs without clusters (cluster_size=1)");
   MatmulProblem problem = describe(a, b, bias, out);
   check_hopper(a.get_device_index());
   prepare_tensor_core(problem, a, timeline, persistent_matmul::wgmma_tile_config);
-  problem.tile_order = static_cast<int32_t>(tile_order);
+  const auto counter = set_tile_order(problem, a, tile_order);
   problem.cluster_size = static_cast<int32_t>(cluster_size);
   launch_on_stream(persistent_matmul::launch_wgmma_persistent, problem, a.get_device_index());
 }

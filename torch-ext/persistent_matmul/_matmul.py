@@ -76,8 +76,10 @@ def kernel_operands(a: torch.Tensor, b: torch.Tensor, chunk: int) -> tuple[torch
     return a, b
 
 
-# Tile orders of the persistent rungs' scheduler (csrc/tile_scheduler.cuh).
-TILE_ORDERS = {"grouped": 0, "hilbert": 1}
+# Tile orders of the persistent rungs' scheduler (csrc/tile_scheduler.cuh):
+# static grouped or Hilbert, or the grouped order claimed at run time from a
+# counter ("dynamic").
+TILE_ORDERS = {"grouped": 0, "hilbert": 1, "dynamic": 2}
 DEFAULT_TILE_ORDER = "grouped"  # measured faster on 8 of 11 benchmark shapes
 
 
@@ -112,6 +114,12 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
         return out
     if rung.chunk_elements:
         a, b = kernel_operands(a, b, rung.chunk_elements)
+    _launch(rung, a, b, bias, out, timeline, tile_order, cluster_size)
+    return out
+
+
+def _launch(rung: Rung, a, b, bias, out, timeline, tile_order: str, cluster_size: int) -> None:
+    """The rung's op on operands it takes as they are."""
     if rung.name == "wgmma_persistent":
         ops.wgmma_persistent(a, b, bias, out, timeline, TILE_ORDERS[tile_order], cluster_size)
     elif rung.takes_tile_order:
@@ -120,7 +128,6 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
         getattr(ops, rung.op_name)(a, b, bias, out, timeline)
     else:
         getattr(ops, rung.op_name)(a, b, bias, out)
-    return out
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto",
@@ -209,8 +216,8 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
                     tile_order: str = DEFAULT_TILE_ORDER) -> tuple[torch.Tensor, torch.Tensor]:
     """``a @ b`` through the instrumented build of a tensor-core rung.
 
-    ``tile_order`` ("grouped" or "hilbert") is the persistent rungs' tile
-    order; the one-CTA-per-tile rungs always run in grouped order.
+    ``tile_order`` ("grouped", "hilbert" or "dynamic") is the persistent
+    rungs' tile order; the one-CTA-per-tile rungs always run in grouped order.
 
     Returns (out, timeline): timeline is int64 [tiles, 6], one row per output
     tile with the columns of TIMELINE_COLUMNS, read from %smid and
