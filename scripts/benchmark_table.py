@@ -2,8 +2,9 @@
 
 Follows DESIGN.md §7: CUDA events around batches of back-to-back launches
 (so small shapes measure launch overhead as such), warm-up first, the median
-of several batches, input sets rotated so they exceed the L2 cache, random
-normal inputs. Every figure is reported as TFLOP/s and as a ratio to
+of several batches, in 3 rounds that interleave the columns (the median
+round kept; the table notes the largest round-to-round spread), input sets
+rotated so they exceed the L2 cache, random normal inputs. Every figure is reported as TFLOP/s and as a ratio to
 torch.matmul measured in the same run, with the GPU, clocks, power,
 torch/CUDA versions and commit in the header. Each rung's output is also
 compared with torch.matmul's once (relative error), so a fast wrong kernel
@@ -28,7 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from matmul_checks import environment, environment_lines, gpu_clocks, load_kernel  # noqa: E402
+from matmul_checks import (CLUSTER_VARIANT, TILE_ORDER_VARIANTS, environment, environment_lines,  # noqa: E402
+                           gpu_clocks, load_kernel, run_variant)
 
 SHAPES = [
     (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
@@ -38,22 +40,20 @@ SHAPES = [
 L2_ROTATION_BYTES = 3 * 60 * 2**20  # input sets together exceed the H200's 60 MB L2 three times
 NAIVE_MAX_FLOP = 4.0e11  # the naive rung runs ~5 TFLOP/s: skip shapes that would take seconds
 # (persistent rung, its one-CTA-per-tile twin): the table adds their ratio and
-# a column for the persistent rung in Hilbert tile order.
+# columns for the persistent rung in its other tile orders.
 PERSISTENT_PAIRS = [("persistent", "tiled"), ("wgmma_persistent", "wgmma")]
-HILBERT = "-hilbert"
-CLUSTER2 = "-cluster2"
 
 
 def with_variant_columns(rungs: list[str]) -> list[str]:
-    """rungs, plus "<persistent rung>-hilbert" after each persistent rung among them,
-    and wgmma_persistent in 2-CTA clusters ("wgmma_persistent-cluster2")."""
+    """rungs, plus "<persistent rung>-hilbert" and "-dynamic" after each persistent rung
+    among them, and wgmma_persistent in 2-CTA clusters ("wgmma_persistent-cluster2")."""
     out = []
     for name in rungs:
         out.append(name)
         if any(name == p for p, _ in PERSISTENT_PAIRS):
-            out.append(name + HILBERT)
+            out.extend(f"{name}-{order}" for order in TILE_ORDER_VARIANTS)
         if name == "wgmma_persistent":
-            out.append(name + CLUSTER2)
+            out.append(f"{name}-{CLUSTER_VARIANT}")
     return out
 
 
@@ -89,7 +89,11 @@ def time_per_call(fn, calls_per_batch: int, batches: int) -> float:
     return statistics.median(times)
 
 
-def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str], tf32: bool) -> dict:
+def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str], tf32: bool,
+                rounds: int = 3) -> dict:
+    """One shape: every column timed in each of `rounds` interleaved rounds
+    (torch.matmul, rung 1, rung 2, ..., then again), the median round kept, so a
+    clock that drifts under the power limit shifts every column alike."""
     flop = 2.0 * m * n * k
     set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
     sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
@@ -102,27 +106,30 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
     def runner(name):
         if name == "torch.matmul":
             return lambda i: torch.matmul(*inputs[i % sets], out=out)
-        if name == "wgmma_persistent" + CLUSTER2:  # 2-CTA clusters sharing B by multicast
-            return lambda i: pm._matmul._run(*inputs[i % sets], None, out, "wgmma_persistent", cluster_size=2)
-        if name.endswith(HILBERT):  # a persistent rung in Hilbert tile order, through matmul's path
-            rung = name.removesuffix(HILBERT)
-            return lambda i: pm._matmul._run(*inputs[i % sets], None, out, rung, tile_order="hilbert")
-        return lambda i: pm.matmul(*inputs[i % sets], kernel=name, out=out)
+        return lambda i: run_variant(pm, name, *inputs[i % sets], out)
 
-    row = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "input_sets": sets, "results": {}}
-    for name in ["torch.matmul", *rungs]:
-        if name == "naive" and flop > NAIVE_MAX_FLOP:
-            row["results"][name] = {"skipped": f"over {NAIVE_MAX_FLOP:.0e} FLOP"}
-            continue
+    row = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "input_sets": sets,
+           "rounds": rounds, "results": {}}
+    names = [name for name in ["torch.matmul", *rungs] if not (name == "naive" and flop > NAIVE_MAX_FLOP)]
+    if "naive" in rungs and "naive" not in names:
+        row["results"]["naive"] = {"skipped": f"over {NAIVE_MAX_FLOP:.0e} FLOP"}
+    calls, batches, times = {}, {}, {name: [] for name in names}
+    for name in names:  # each column once: its error, and the batch size for >= ~2 ms batches
         fn = runner(name)
         fn(0)
         torch.cuda.synchronize()
         err = (out.float() - reference).norm().item() / max(reference.norm().item(), 1e-30)
-        # Batches of >= ~2 ms, at least 7 of them.
+        row["results"][name] = {"rel_error": err}
         probe = time_per_call(fn, 1, 1)
-        calls = max(1, min(200, int(2e-3 / max(probe, 1e-7))))
-        seconds = time_per_call(fn, calls, 7 if probe < 0.05 else 3)
-        row["results"][name] = {"ms": seconds * 1e3, "tflops": flop / seconds / 1e12, "rel_error": err}
+        calls[name] = max(1, min(200, int(2e-3 / max(probe, 1e-7))))
+        batches[name] = 5 if probe < 0.05 else 2
+    for _ in range(rounds):
+        for name in names:
+            times[name].append(time_per_call(runner(name), calls[name], batches[name]))
+    for name in names:
+        seconds = statistics.median(times[name])
+        row["results"][name].update(ms=seconds * 1e3, tflops=flop / seconds / 1e12,
+                                    spread=(max(times[name]) - min(times[name])) / seconds)
     base = row["results"]["torch.matmul"]["tflops"]
     for res in row["results"].values():
         if "tflops" in res:
@@ -132,13 +139,29 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
     return row
 
 
+def per_call_floor(pm, dtype: torch.dtype, rungs: list[str], size: int = 16) -> dict[str, float]:
+    """Microseconds per back-to-back call at size^3, where the GPU work is a few
+    microseconds: the host-side cost of a call (argument checks, dispatch,
+    launch), which bounds every small shape's speed."""
+    a = torch.randn(size, size, device="cuda", dtype=dtype)
+    b = torch.randn(size, size, device="cuda", dtype=dtype)
+    out = torch.empty(size, size, device="cuda", dtype=dtype)
+    floors = {"torch.matmul": time_per_call(lambda i: torch.matmul(a, b, out=out), 200, 7) * 1e6}
+    for name in rungs:
+        floors[name] = time_per_call(lambda i, name=name: run_variant(pm, name, a, b, out), 200, 7) * 1e6
+    return floors
+
+
 def parse_shape(text: str) -> tuple[int, int, int]:
     m, n, k = (int(x) for x in text.lower().split("x"))
     return m, n, k
 
 
-def markdown(env: dict, rows: list[dict], columns: list[str]) -> str:
+def markdown(env: dict, rows: list[dict], columns: list[str], floors: dict[str, dict[str, float]]) -> str:
     lines = [*environment_lines(env), ""]
+    for dtype, floor in floors.items():
+        lines += [f"Per-call floor, {dtype} 16x16x16, us per back-to-back call (host cost of a call): "
+                  + ", ".join(f"{name} {us:.1f}" for name, us in floor.items()), ""]
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         sub = [r for r in rows if r["dtype"] == dtype]
         lines += [f"### {dtype}" + (" (torch.matmul with TF32 off)" if dtype == "float32" else ""), ""]
@@ -168,6 +191,12 @@ def markdown(env: dict, rows: list[dict], columns: list[str]) -> str:
             if ratios:
                 lines.append(f"\ngeomean ratio to torch.matmul, {c}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}"
                              f" over {len(ratios)} shapes")
+        spreads = [(x["spread"], c, f"{r['m']}x{r['n']}x{r['k']}") for r in sub
+                   for c, x in r["results"].items() if "spread" in x]
+        if spreads:
+            worst = max(spreads)
+            lines.append(f"\nlargest round-to-round spread: {worst[0]:.1%} ({worst[1]}, {worst[2]}); "
+                         f"median {statistics.median(s_[0] for s_ in spreads):.1%}")
         for p_name, t_name in pairs:
             speedups = [r["results"][p_name]["tflops"] / r["results"][t_name]["tflops"] for r in sub
                         if "tflops" in r["results"].get(p_name, {}) and "tflops" in r["results"].get(t_name, {})]
@@ -185,6 +214,7 @@ def main() -> int:
     parser.add_argument("--rungs", nargs="*", default=None, help="default: every available rung")
     parser.add_argument("--dtypes", nargs="*", default=["bfloat16", "float32"])
     parser.add_argument("--tag", default="benchmark")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median kept)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmark_table.py needs a CUDA GPU; none is present here.", file=sys.stderr)
@@ -194,22 +224,26 @@ def main() -> int:
     available = {n: a for n, a in pm.available_kernels().items() if a.available}
     env = environment(pm, how)
     rows = []
+    floors = {}
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         rungs = with_variant_columns([n for n in (args.rungs or available)
                                       if n in available and dtype in available[n].dtypes])
+        floors[dtype_name] = per_call_floor(pm, dtype, [r for r in rungs if r != "naive"])
+        print(f"per-call floor {dtype_name}:", {k_: round(v, 1) for k_, v in floors[dtype_name].items()}, flush=True)
         for m, n, k in args.shapes:
-            row = bench_shape(pm, m, n, k, dtype, rungs, tf32=False)
+            row = bench_shape(pm, m, n, k, dtype, rungs, tf32=False, rounds=args.rounds)
             rows.append(row)
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "results"}),
                   {name: round(r.get("tflops", 0), 1) for name, r in row["results"].items()}, flush=True)
     env["clocks_at_end"] = gpu_clocks()
     columns = with_variant_columns([n for n in (args.rungs or available) if n in available])
-    text = markdown(env, rows, columns)
+    text = markdown(env, rows, columns, floors)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}-{args.tag}"
     (args.out / f"{stem}.md").write_text(text + "\n")
-    (args.out / f"{stem}.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1) + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps({"environment": env, "rows": rows, "per_call_floor_us": floors},
+                                                      indent=1) + "\n")
     try:
         from plot_benchmark import plot
 

@@ -5,7 +5,8 @@
 #
 # With no STEP every step runs, else the set-up steps and the named ones, e.g.
 #   bash scripts/device_run.sh smoke gpu_tests benchmark sass
-# Steps: smoke gpu_tests sweep demo benchmark integration sanitizers profile sass.
+# Steps: smoke gpu_tests sweep demo benchmark timelines integration sanitizers profile
+# profile_hopper sass.
 # Environment: BENCH_ARGS, SWEEP_ARGS (extra arguments), SWEEP_SECONDS (the sweep's
 # time budget), SANITIZE_RUNGS (rungs for memcheck; default all).
 #
@@ -92,6 +93,15 @@ benchmark() {
   timeout -k 5 300 "$PY" scripts/benchmark_table.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
 }
 
+# Where each persistent rung's tiles ran, per tile order, at the large square shapes.
+timelines() {
+  local shape
+  for shape in 4096x4096x4096 8192x8192x8192 8192x8192x1024; do
+    timeout -k 5 60 "$PY" scripts/timeline_stats.py --shape "$shape" tiled persistent persistent-dynamic wgmma \
+      wgmma_persistent wgmma_persistent-dynamic 2>&1 | tee -a "$OUT/device.log" || return 1
+  done
+}
+
 # Nsight Compute on the tensor-core and fp32 kernels at 4096^3 (clocks left alone).
 profile() {
   local ncu
@@ -108,14 +118,29 @@ profile() {
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per" "$OUT/ncu.txt" | head -30
 }
 
+# Nsight Compute on wgmma_persistent without and with 2-CTA clusters at 4096^3:
+# one launch of each after a warm one (the workload runs c1 c1 c2 c2).
+profile_hopper() {
+  local ncu
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout 180 "$ncu" --clock-control none -k 'regex:wgmma_persistent_kernel' --launch-skip 1 --launch-count 3 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+    --section Occupancy --section LaunchStats \
+    "$PY" scripts/profile_workload.py --repeat 2 --shape 4096x4096x4096 wgmma_persistent wgmma_persistent-cluster2 \
+    >"$OUT/ncu_hopper.txt" 2>&1
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Cluster Size|Grid Size|Stall|No Eligible|Issued Warp" \
+    "$OUT/ncu_hopper.txt" | head -60
+}
+
 # compute-sanitizer TOOL [RUNG ...] over a small workload; the head of its report
 # (where the first error is) and its summary go to sanitizer.log.
 sanitizer() {
-  local tool=$1 cs rc=0
+  local tool=$1 cs rc=0 limit=90
+  [ "$tool" = racecheck ] && limit=300  # racecheck tracks every shared-memory access: far slower
   shift
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   echo "### compute-sanitizer --tool $tool, rungs: ${*:-all}" >>"$OUT/sanitizer.log"
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 90 "$cs" --tool "$tool" --error-exitcode 9 --print-limit 4 \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$limit" "$cs" --tool "$tool" --error-exitcode 9 --print-limit 4 \
     "$PY" scripts/sanitize_workload.py "$@" >/tmp/sanitizer.txt 2>&1 || rc=$?
   { head -n 60 /tmp/sanitizer.txt; echo "[...]"; tail -n 4 /tmp/sanitizer.txt; } >>"$OUT/sanitizer.log"
   tail -n 4 /tmp/sanitizer.txt
@@ -126,7 +151,8 @@ sanitizer() {
 # deadlock) is reported and killed, not waited on.
 smoke() {
   local rung rc=0
-  for rung in naive warptiled tiled persistent wgmma wgmma_persistent; do
+  for rung in naive warptiled tiled persistent persistent-dynamic wgmma wgmma_persistent \
+    wgmma_persistent-dynamic; do
     timeout -k 5 60 "$PY" scripts/smoke_test.py "$rung" 2>&1 | tee -a "$OUT/device.log" || rc=1
   done
   return $rc
@@ -157,7 +183,8 @@ sanitizers() {
   for rung in ${SANITIZE_RUNGS:-naive warptiled tiled persistent wgmma wgmma_persistent}; do
     run_step "compute-sanitizer memcheck $rung" sanitizer memcheck "$rung"
   done
-  run_step "compute-sanitizer racecheck" sanitizer racecheck
+  # shellcheck disable=SC2086  # SANITIZE_RUNGS: a list of rung names
+  run_step "compute-sanitizer racecheck" sanitizer racecheck ${SANITIZE_RUNGS:-}
 }
 
 run_step "install carried wheels" install_wheels
@@ -167,7 +194,7 @@ fi
 run_step "GPU info" gpu_info
 run_step "load the prebuilt variant" check_variant
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(smoke gpu_tests sweep demo benchmark integration sanitizers profile sass)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(smoke gpu_tests sweep demo benchmark timelines integration sanitizers profile sass)
 for step in "${STEPS[@]}"; do
   case $step in
     smoke) run_step "smoke test, every rung" smoke ;;
@@ -175,8 +202,10 @@ for step in "${STEPS[@]}"; do
     sweep) run_step "correctness sweep" sweep ;;
     demo) run_step "demo --record" demo ;;
     benchmark) run_step "benchmark table" benchmark ;;
+    timelines) run_step "tile timelines" timelines ;;
     sanitizers) sanitizers ;;
     profile) run_step "ncu profile" profile ;;
+    profile_hopper) run_step "ncu profile, wgmma_persistent clusters" profile_hopper ;;
     sass) run_step "sm_90a SASS: HGMMA and TMA" sass ;;
     integration) run_step "transformers and diffusers examples, timing" integration ;;
     *) echo "unknown step: $step"; FAILED+=("$step") ;;

@@ -1,4 +1,6 @@
-"""A workload for Nsight Compute: a few launches of the named rungs at one shape.
+"""A workload for Nsight Compute: a few launches of the named rungs (or rung
+variants, as the benchmark names them: wgmma_persistent-cluster2, persistent-dynamic)
+at one shape.
 
     ncu --clock-control none -k regex:"tiled_kernel|persistent_kernel" --launch-skip 2 \\
         python scripts/profile_workload.py --shape 4096x4096x4096 tiled persistent
@@ -13,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from matmul_checks import load_kernel  # noqa: E402
+from matmul_checks import load_kernel, run_variant  # noqa: E402
 
 
 def main() -> int:
@@ -31,7 +33,7 @@ def main() -> int:
     out = torch.empty(m, n, device="cuda", dtype=dtype)
     for rung in args.rungs:
         for _ in range(args.repeat):
-            pm.matmul(a, b, kernel=rung, out=out)
+            run_variant(pm, rung, a, b, out)
     torch.cuda.synchronize()
     print(f"profiled {args.rungs} at {m}x{n}x{k} {args.dtype}, {args.repeat} launches each")
     return 0

@@ -1,5 +1,7 @@
 """A small workload for compute-sanitizer: every available rung, every dtype it
-takes, shapes with tails in M, N and K and transposed operands.
+takes, shapes with tails in M, N and K, shapes of whole tiles (the tensor-core
+rungs' unchecked copies, TMA stores) and transposed operands; the persistent
+rungs also in their dynamic tile order.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python scripts/sanitize_workload.py [RUNG ...]
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python scripts/sanitize_workload.py [RUNG ...]
@@ -20,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from matmul_checks import TOLERANCE, matmul_error, poison, random_operands  # noqa: E402
 from matmul_checks import load_kernel  # noqa: E402
 
-SHAPES = [(1, 1, 1), (7, 9, 5), (129, 65, 70), (64, 200, 33)]
+SHAPES = [(1, 1, 1), (7, 9, 5), (129, 65, 70), (64, 200, 33), (256, 192, 128), (200, 136, 192)]
 LAYOUTS = [(False, False), (True, True), (False, True)]
 
 
@@ -43,6 +45,15 @@ def main() -> int:
                     if not err < TOLERANCE[dtype]:
                         failures += 1
                         print(f"WRONG {name} {dtype} {m}x{n}x{k} aT={a_t} bT={b_t}: rel error {err:.3g}")
+        if pm._rungs.RUNGS[name].takes_tile_order:  # the dynamic order's claimed tiles
+            for m, n, k in SHAPES[-2:]:
+                a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
+                out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+                pm._matmul._run(a, b, None, out, name, tile_order="dynamic")
+                runs += 1
+                if not matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]:
+                    failures += 1
+                    print(f"WRONG {name} dynamic order {m}x{n}x{k}")
         if pm._rungs.RUNGS[name].has_timeline:  # the instrumented build too
             a, b = random_operands(129, 65, 70, torch.bfloat16, "cuda")
             pm.matmul_timeline(a, b, kernel=name)

@@ -1,6 +1,6 @@
 """A quick check of one rung on this GPU: a few products, small and large, both B layouts.
 
-    python scripts/smoke_test.py RUNG
+    python scripts/smoke_test.py RUNG   (or a variant: persistent-dynamic, wgmma_persistent-cluster2)
 
 Meant to run under `timeout` before the long steps (scripts/device_run.sh), so a
 kernel that hangs or returns garbage is found in seconds. Exits 1 if any product's
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from matmul_checks import TOLERANCE, load_kernel, matmul_error  # noqa: E402
+from matmul_checks import TOLERANCE, load_kernel, matmul_error, run_variant  # noqa: E402
 
 SHAPES = [(1, 1, 1), (200, 300, 70), (4096, 4096, 4096)]
 
@@ -23,14 +23,14 @@ SHAPES = [(1, 1, 1), (200, 300, 70), (4096, 4096, 4096)]
 def main() -> int:
     rung = sys.argv[1]
     pm, _ = load_kernel()
-    dtype = pm.available_kernels()[rung].dtypes[-1]  # bfloat16 for the tensor-core rungs
+    dtype = pm.available_kernels()[rung.partition("-")[0]].dtypes[-1]  # bfloat16 for the tensor-core rungs
     worst = 0.0
     for m, n, k in SHAPES:
         for b_kmajor in (False, True):
             a = torch.randn(m, k, device="cuda", dtype=dtype)
             b = (torch.randn(n, k, device="cuda", dtype=dtype).t() if b_kmajor
                  else torch.randn(k, n, device="cuda", dtype=dtype))
-            out = pm.matmul(a, b, kernel=rung)
+            out = run_variant(pm, rung, a, b, torch.empty(m, n, device="cuda", dtype=dtype))
             torch.cuda.synchronize()
             err = matmul_error(out, a, b)
             worst = max(worst, err)

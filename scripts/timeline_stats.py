@@ -1,8 +1,9 @@
 """How the tiles of one product spread over the GPU, from the instrumented build.
 
-    python scripts/timeline_stats.py [--shape 4096x4096x4096] [RUNG ...]
+    python scripts/timeline_stats.py [--shape 4096x4096x4096] [RUNG[-ORDER] ...]
 
-For each rung with a timeline (default: every available one): CTAs and SMs that
+For each rung with a timeline (default: every available one), in its default
+tile order or ORDER (a persistent rung's "hilbert" or "dynamic"): CTAs and SMs that
 ran tiles, tiles per CTA, median tile time, the makespan, and how many tiles ran
 at once at most and on average: a grid that cannot be resident at once shows
 as a concurrency well under the CTA count.
@@ -31,9 +32,10 @@ def main() -> int:
     rungs = args.rungs or [r for r in ("tiled", "persistent", "wgmma", "wgmma_persistent") if available[r].available]
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    for rung in rungs:
+    for name in rungs:
+        rung, _, order = name.partition("-")
         for _ in range(3):  # warm: the last run is reported
-            _, timeline = pm.matmul_timeline(a, b, kernel=rung)
+            _, timeline = pm.matmul_timeline(a, b, kernel=rung, tile_order=order or "grouped")
         torch.cuda.synchronize()
         t = timeline.cpu()
         start, end = t[:, 4] - t[:, 4].min(), t[:, 5] - t[:, 4].min()
@@ -46,7 +48,7 @@ def main() -> int:
         busy = int((end - start).sum())
         per_cta = torch.bincount(t[:, 3]).float()
         per_cta = per_cta[per_cta > 0]
-        print(f"{rung} {m}x{n}x{k}: {t.shape[0]} tiles on {len(set(t[:, 3].tolist()))} CTAs, "
+        print(f"{name} {m}x{n}x{k}: {t.shape[0]} tiles on {len(set(t[:, 3].tolist()))} CTAs, "
               f"{len(set(t[:, 2].tolist()))} SMs; tiles per CTA {int(per_cta.min())}..{int(per_cta.max())}; "
               f"median tile {float((end - start).float().median()) / 1e3:.1f} us; makespan {makespan / 1e3:.1f} us; "
               f"tiles at once: peak {peak}, mean {busy / max(makespan, 1):.1f}", flush=True)

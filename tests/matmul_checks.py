@@ -231,6 +231,24 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 REPO_ID = "persistent-matmul/persistent-matmul"
 
 
+TILE_ORDER_VARIANTS = ("hilbert", "dynamic")  # "<persistent rung>-<order>"; grouped is the default
+CLUSTER_VARIANT = "cluster2"  # "wgmma_persistent-cluster2": CTA pairs sharing B by multicast
+
+
+def run_variant(pm, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """a @ b into out through a rung ("persistent") or a variant of one, as the
+    benchmark and profile scripts name them: "<rung>-hilbert", "<rung>-dynamic"
+    (a persistent rung's other tile orders) or "wgmma_persistent-cluster2"."""
+    rung, _, variant = name.partition("-")
+    if not variant:
+        return pm.matmul(a, b, kernel=rung, out=out)
+    if variant == CLUSTER_VARIANT:
+        return pm._matmul._run(a, b, None, out, rung, cluster_size=2)
+    if variant in TILE_ORDER_VARIANTS:
+        return pm._matmul._run(a, b, None, out, rung, tile_order=variant)
+    raise ValueError(f"unknown variant {variant!r} in {name!r}")
+
+
 def load_kernel(repo_root: Path = REPO_ROOT):
     """Load persistent_matmul as users do, from this repo's build.
 

@@ -147,6 +147,11 @@ def _strided_outs(m: int, n: int, dtype):
     # Every other row and every third column, offset from the start.
     buffer = poison(torch.empty(2 * m + 1, 3 * n + 2, dtype=dtype, device=DEVICE))
     yield "row/column steps", buffer, lambda t: t[1::2, 2::3][:m, :n]
+    # Contiguous rows inside a wider buffer, every row start 16-byte aligned: the
+    # layout the Hopper rungs store with TMA, whose boxes overhang the view's edges.
+    width = (n + 8 + 64 + 7) // 8 * 8
+    buffer = poison(torch.empty(m + 2, width, dtype=dtype, device=DEVICE))
+    yield "aligned rows in a wider buffer", buffer, lambda t: t[1:m + 1, 8:8 + n]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from matmul_checks import TOLERANCE, matmul_error, nan_count, poison, random_operands
+from matmul_checks import (TOLERANCE, check_exact, exact_int_operands, matmul_error, nan_count, poison,
+                           random_operands)
 
 pytestmark = pytest.mark.gpu
 
@@ -19,7 +20,8 @@ TIMELINE_SHAPES = [(1, 1, 1), (129, 65, 70), (1000, 1000, 1000), (4097, 4097, 25
 
 
 TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent", "hilbert"),
-                 ("wgmma", "grouped"), ("wgmma_persistent", "grouped"), ("wgmma_persistent", "hilbert")]
+                 ("persistent", "dynamic"), ("wgmma", "grouped"), ("wgmma_persistent", "grouped"),
+                 ("wgmma_persistent", "hilbert"), ("wgmma_persistent", "dynamic")]
 
 
 def skip_unless_runs(pm, kernel):
@@ -49,7 +51,7 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
     if kernel in PERSISTENT_RUNGS:
         if order == "grouped":
             assert len(ctas) == cfg["persistent_ctas"] <= cfg["tiles"], "grid = the CTAs tile_config reports"
-        else:  # Hilbert strides CTAs over a covering square: a CTA may get no tile
+        else:  # Hilbert strides CTAs over a covering square, dynamic CTAs race: a CTA may get no tile
             assert len(ctas) <= cfg["persistent_ctas"] <= cfg["tiles"]
             assert max(ctas) < cfg["persistent_ctas"], "no CTA beyond the grid tile_config reports"
         # A CTA's tiles run one after another.
@@ -60,6 +62,49 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
             assert bool((s[1:] >= e[:-1]).all()), f"CTA {c} overlaps its own tiles"
     else:
         assert ctas == set(range(cfg["tiles"])), f"{kernel} launches one CTA per tile"
+
+
+@pytest.mark.parametrize("kernel", PERSISTENT_RUNGS)
+def test_dynamic_order_starts_afresh_every_call(pm, kernel):
+    """The dynamic order's tile counter is new for each launch: back-to-back calls, on
+    the default and on a side stream, all compute every tile (bit-exact, no poison left)."""
+    skip_unless_runs(pm, kernel)
+    a, b = exact_int_operands(1000, 2100, 320, torch.bfloat16, "cuda")
+    outs = [poison(torch.empty(1000, 2100, dtype=torch.bfloat16, device="cuda")) for _ in range(4)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the operands and poison are written
+    for i, out in enumerate(outs):
+        with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
+            pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic")
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    for i, out in enumerate(outs):
+        assert check_exact(out, a, b) == 0, f"call {i}: wrong or missing tiles"
+
+
+def test_dynamic_order_rejects_clusters(pm):
+    skip_unless_runs(pm, "wgmma_persistent")
+    a, b = random_operands(256, 256, 64, torch.bfloat16, "cuda")
+    with pytest.raises(RuntimeError, match="dynamic tile order runs without clusters"):
+        pm._matmul._run(a, b, None, None, "wgmma_persistent", tile_order="dynamic", cluster_size=2)
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "wgmma_persistent"])
+def test_hopper_output_that_tma_cannot_store(pm, kernel):
+    """Outputs whose rows TMA cannot store whole (odd width, odd leading dimension,
+    unaligned start) are stored from registers: every element exact, nothing outside
+    out written, for problems small and large enough to fill the GPU."""
+    skip_unless_runs(pm, kernel)
+    for m, n in [(2049, 2049), (2048, 2052), (65, 129)]:
+        a, b = exact_int_operands(m, n, 96, torch.bfloat16, "cuda")
+        buffer = poison(torch.empty(m + 1, n + 3, dtype=torch.bfloat16, device="cuda"))
+        out = buffer[1:, 1:n + 1]  # rows n + 3 apart, 2 bytes off alignment
+        pm.matmul(a, b, kernel=kernel, out=out)
+        torch.cuda.synchronize()
+        assert check_exact(out, a, b) == 0, f"{kernel} {m}x{n}: wrong values"
+        written = torch.zeros(buffer.shape, dtype=torch.bool, device="cuda")
+        written[1:, 1:n + 1] = True
+        assert torch.isnan(buffer[~written]).all(), f"{kernel} {m}x{n}: wrote outside out"
 
 
 def test_persistent_grid_fills_the_device_once(pm):
