@@ -46,6 +46,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
+// The same, issued only if `valid` (a predicate, not a branch: nothing is read otherwise).
+__device__ __forceinline__ void cp_async_16_if(uint32_t dst, const void* src, bool valid) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(dst),
+      "l"(src), "r"(int(valid)));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -179,9 +185,10 @@ struct ChunkCopier {
     return src + kt * ktile_bytes;
   }
 
-  // Chunk i of an interior tile: the whole chunk, no checks.
-  __device__ __forceinline__ void issue_whole(uint32_t smem, const char* p, int64_t ld, int i) const {
-    cp_async_16(dst(smem, i), p + i * (ld * ROW_STEP * 2));
+  // Chunk i of an interior tile: the whole chunk, no checks (none at all
+  // if the k-tile lies past K, `valid` false).
+  __device__ __forceinline__ void issue_whole(uint32_t smem, const char* p, int64_t ld, int i, bool valid) const {
+    cp_async_16_if(dst(smem, i), p + i * (ld * ROW_STEP * 2), valid);
   }
 
   // Chunk i: K contiguous (`bytes` from kt_bytes_k_contiguous) or K as rows
@@ -254,6 +261,26 @@ struct Tile {
         b.set_k_rows(op.b, op.ldb, int64_t(tile_n) * S::BN, op.n);
       }
     }
+    // Bytes between consecutive k-tiles of B in global memory.
+    static __device__ __forceinline__ int64_t b_ktile_bytes(const TileOperands& op) {
+      return B_KMAJOR ? S::BK * 2 : S::BK * op.ldb * 2;
+    }
+    // An interior tile's share `part` of the copies of the k-tile whose first
+    // chunks (this thread's) are at pa and pb; `valid` false past K turns the
+    // copies off without a branch. The mainloop advances pa and pb by a
+    // k-tile each step rather than recomputing them from the tile's origin.
+    __device__ __forceinline__ void issue_whole(const TileOperands& op, uint32_t stage, const char* pa,
+                                                const char* pb, bool valid, int part, int parts) const {
+#pragma unroll
+      for (int c = 0; c < A_CHUNKS + B_CHUNKS; ++c) {
+        if (c * parts / (A_CHUNKS + B_CHUNKS) != part) continue;
+        if (c < A_CHUNKS) {
+          a.issue_whole(stage, pa, op.lda, c, valid);
+        } else {
+          b.issue_whole(stage + S::A_STAGE_BYTES, pb, op.ldb, c - A_CHUNKS, valid);
+        }
+      }
+    }
     // Share `part` (of `parts`) of this thread's copies of k-tile kt into the
     // stage at shared address `stage` (part and parts are constants where the
     // mainloop is unrolled, and what depends only on kt is computed once for
@@ -264,23 +291,13 @@ struct Tile {
     __device__ __forceinline__ void issue(const TileOperands& op, uint32_t stage, int kt, int part,
                                           int parts) const {
       if constexpr (FULL) {
-        if (int64_t(kt) * S::BK >= op.k) return;
-        const char* pa = a.kt_src(kt, S::BK * 2);
-        const char* pb = b.kt_src(kt, B_KMAJOR ? S::BK * 2 : S::BK * op.ldb * 2);
-#pragma unroll
-        for (int c = 0; c < A_CHUNKS + B_CHUNKS; ++c) {
-          if (c * parts / (A_CHUNKS + B_CHUNKS) != part) continue;
-          if (c < A_CHUNKS) {
-            a.issue_whole(stage, pa, op.lda, c);
-          } else {
-            b.issue_whole(stage + S::A_STAGE_BYTES, pb, op.ldb, c - A_CHUNKS);
-          }
-        }
+        issue_whole(op, stage, a.kt_src(kt, S::BK * 2), b.kt_src(kt, b_ktile_bytes(op)),
+                    int64_t(kt) * S::BK < op.k, part, parts);
         return;
       }
       const char* pa = a.kt_src(kt, S::BK * 2);
       const int a_bytes = a.kt_bytes_k_contiguous(kt, op.k);
-      const char* pb = b.kt_src(kt, B_KMAJOR ? S::BK * 2 : S::BK * op.ldb * 2);
+      const char* pb = b.kt_src(kt, b_ktile_bytes(op));
       const int b_valid = B_KMAJOR ? b.kt_bytes_k_contiguous(kt, op.k) : b.kt_rows_k_rows(kt, op.k);
 #pragma unroll
       for (int c = 0; c < A_CHUNKS + B_CHUNKS; ++c) {
@@ -423,6 +440,10 @@ struct Tile {
 #pragma unroll
     for (int j = 0; j < S::MMA_N; j += 2) load_b(b[0], stage, b_lane, 0, j);
     int read_slot = 0, write_slot = S::STAGES - 1;
+    // Interior tiles: the first chunks of k-tile kt + STAGES - 1, the one the
+    // k-steps refill, advanced a k-tile per iteration.
+    const char* write_a = ld.a.kt_src(S::STAGES - 1, S::BK * 2);
+    const char* write_b = ld.b.kt_src(S::STAGES - 1, Loader::b_ktile_bytes(op));
     constexpr int MMAS = S::MMA_M * S::MMA_N;
     constexpr int B_LOADS = S::MMA_N / 2;
     for (int kt = 0; kt < kts; ++kt) {
@@ -451,7 +472,13 @@ struct Tile {
 #pragma unroll
           for (int n = 0; n < B_LOADS; ++n)
             if (t == n * MMAS / B_LOADS + MMAS / B_LOADS / 2 && load_next) load_b(next_b, next_stage, b_lane, next_ks, 2 * n);
-          if (t == 1 && ks < KS - 1) ld.template issue<FULL>(op, write_stage, write_kt, ks, KS - 1);
+          if (t == 1 && ks < KS - 1) {
+            if constexpr (FULL) {
+              ld.issue_whole(op, write_stage, write_a, write_b, int64_t(write_kt) * S::BK < op.k, ks, KS - 1);
+            } else {
+              ld.template issue<false>(op, write_stage, write_kt, ks, KS - 1);
+            }
+          }
           mma_16816<T>(acc[i][j], a[i], cur_b[j][0], cur_b[j][1]);
           if (t % S::MMA_N == S::MMA_N - 1 && load_next) load_a(a, next_stage, a_lane, next_ks, i);
         }
@@ -459,6 +486,8 @@ struct Tile {
       }
       stage = next_stage;
       write_slot = write_slot == S::STAGES - 1 ? 0 : write_slot + 1;
+      write_a += S::BK * 2;
+      write_b += Loader::b_ktile_bytes(op);
     }
     cp_async_wait<0>();
     __syncthreads();
