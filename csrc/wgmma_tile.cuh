@@ -299,6 +299,13 @@ __device__ __forceinline__ void store_pair<__half>(__half* dst, float x, float y
   *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
 }
 
+// The bias of output columns col and col + 1 (zero past N, or without bias).
+template <typename T>
+__device__ __forceinline__ void bias_pair(const T* bias, int64_t col, int64_t n, float& bias0, float& bias1) {
+  bias0 = bias != nullptr && col < n ? to_float(bias[col]) : 0.0f;
+  bias1 = bias != nullptr && col + 1 < n ? to_float(bias[col + 1]) : 0.0f;
+}
+
 // Writes one consumer's 64 x BN accumulators (+ bias) to out, clipping tails.
 // Fragment layout of m64nNk16: thread t of the warpgroup holds, for each
 // 8-column block j, rows 16 * (t / 32) + (t % 32) / 4 (+ 8) and columns
@@ -316,11 +323,8 @@ __device__ __forceinline__ void store_tile(const MatmulProblem& p, tc::TileCoord
 #pragma unroll
   for (int j = 0; j < Shape::BN / 8; ++j) {
     const int64_t col = col0 + j * 8;
-    float bias0 = 0.0f, bias1 = 0.0f;
-    if (bias != nullptr) {
-      if (col < p.n) bias0 = to_float(bias[col]);
-      if (col + 1 < p.n) bias1 = to_float(bias[col + 1]);
-    }
+    float bias0, bias1;
+    bias_pair(bias, col, p.n, bias0, bias1);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t row = row0 + 8 * half;
@@ -364,12 +368,8 @@ __device__ __forceinline__ void store_tile_tma(const MatmulProblem& p, const CUt
 #pragma unroll
     for (int block = 0; block < 8; ++block) {  // 8-column blocks of the box
       const int j = box * 8 + block;           // ... and of the consumer's fragment
-      const int64_t col = col0 + j * 8;
-      float bias0 = 0.0f, bias1 = 0.0f;
-      if (bias != nullptr) {
-        if (col < p.n) bias0 = to_float(bias[col]);
-        if (col + 1 < p.n) bias1 = to_float(bias[col + 1]);
-      }
+      float bias0, bias1;
+      bias_pair(bias, col0 + j * 8, p.n, bias0, bias1);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = warp * 16 + lane / 4 + 8 * half;  // row % 8 == lane / 4
