@@ -4,9 +4,9 @@ Follows DESIGN.md §7: CUDA events around batches of back-to-back launches
 (so small shapes measure launch overhead as such), warm-up first, the median
 of several batches, in 3 rounds that interleave the columns (the median
 round kept; the table notes the largest round-to-round spread), input sets
-rotated so they exceed the L2 cache, random normal inputs. Every figure is reported as TFLOP/s and as a ratio to
-torch.matmul measured in the same run, with the GPU, clocks, power,
-torch/CUDA versions and commit in the header. Each rung's output is also
+rotated so they exceed the L2 cache, random normal inputs. Every figure is
+reported as TFLOP/s and as a ratio to torch.matmul measured in the same run,
+with the GPU, clocks, power, torch/CUDA versions and commit in the header. Each rung's output is also
 compared with torch.matmul's once (relative error), so a fast wrong kernel
 cannot pass unnoticed.
 

@@ -114,12 +114,6 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
         return out
     if rung.chunk_elements:
         a, b = kernel_operands(a, b, rung.chunk_elements)
-    _launch(rung, a, b, bias, out, timeline, tile_order, cluster_size)
-    return out
-
-
-def _launch(rung: Rung, a, b, bias, out, timeline, tile_order: str, cluster_size: int) -> None:
-    """The rung's op on operands it takes as they are."""
     if rung.name == "wgmma_persistent":
         ops.wgmma_persistent(a, b, bias, out, timeline, TILE_ORDERS[tile_order], cluster_size)
     elif rung.takes_tile_order:
@@ -128,6 +122,7 @@ def _launch(rung: Rung, a, b, bias, out, timeline, tile_order: str, cluster_size
         getattr(ops, rung.op_name)(a, b, bias, out, timeline)
     else:
         getattr(ops, rung.op_name)(a, b, bias, out)
+    return out
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto",
