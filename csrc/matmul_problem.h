@@ -29,7 +29,8 @@ struct MatmulProblem {
   void* timeline = nullptr;
   // The persistent rungs only: 0 = grouped tile order, 1 = Hilbert, 2 =
   // dynamic (tile_scheduler.cuh), which takes tile indices from
-  // `tile_counter`: one uint32 in device memory, zero at launch.
+  // `tile_counter`: one uint32 in device memory, zero at launch (the launch
+  // sets it back to zero as it ends: claim_tile_index).
   int32_t tile_order = 0;
   uint32_t* tile_counter = nullptr;
   // `wgmma_persistent` only: 1 (no clusters, the default: measured faster), or

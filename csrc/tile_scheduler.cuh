@@ -7,9 +7,10 @@
 // (persistent only) walks a Hilbert curve over the smallest power-of-two
 // square that covers the tile grid, skipping cells outside it: neighbouring
 // indices are neighbouring tiles in both directions. Dynamic order
-// (persistent only) is the grouped order handed out at run time: a CTA that
-// finishes a tile takes the next unclaimed index from a counter in global
-// memory (one atomic per tile), so CTAs that run ahead take more tiles and
+// (persistent only) is the grouped order handed out at run time: a CTA
+// claims the next unclaimed index from a counter in global memory (one
+// atomic per tile, made as the CTA starts its current tile or, in
+// wgmma_persistent, as its producer starts loading the next), so CTAs that run ahead take more tiles and
 // the tiles in flight stay a contiguous stretch of the grouped order, as the
 // hardware's block dispatch keeps them for `tiled`. A static order fixes
 // each CTA's tiles up front (blockIdx.x, blockIdx.x + gridDim.x, ...).
@@ -64,15 +65,21 @@ __host__ __device__ __forceinline__ TileCoord hilbert_cell(int64_t d, int side) 
   return {y, x};
 }
 
-// The next index of the dynamic order: one atomic on the launch's counter
-// (zeroed before the launch). Indices past the last tile say "no more".
-__device__ __forceinline__ int64_t claim_tile_index(uint32_t* counter) { return atomicAdd(counter, 1u); }
+// The next index of the dynamic order: one atomic on the launch's counter,
+// zero at launch. Indices past the last tile say "no more". Every claiming
+// thread (one per CTA) claims until it gets such an index and then stops, so
+// a launch makes exactly `tiles` + gridDim.x claims: the thread that makes
+// the last one sets the counter back to zero, ready for the next launch on
+// the stream (the binding keeps one counter per stream; torch_binding.cpp).
+__device__ __forceinline__ int64_t claim_tile_index(uint32_t* counter, int64_t tiles) {
+  const int64_t index = atomicAdd(counter, 1u);
+  if (index == tiles + gridDim.x - 1) atomicExch(counter, 0u);
+  return index;
+}
 
 // The tiles one persistent CTA computes, in a static order: indices
 // first, first + stride, ... (by default blockIdx.x, blockIdx.x + gridDim.x,
 // ...; a cluster of CTAs walks its own sequence of cluster-sized tiles).
-// Where every thread of the CTA walks the tiles together (`persistent`),
-// claimed() gives the dynamic order instead.
 class TileScheduler {
  public:
   __device__ TileScheduler(int tiles_m, int tiles_n, TileOrder order)
@@ -89,29 +96,11 @@ class TileScheduler {
     }
   }
 
-  // The dynamic order for a CTA whose threads all call next() together:
-  // thread 0 claims each index and shares it through `slot` in shared memory.
-  static __device__ TileScheduler claimed(int tiles_m, int tiles_n, uint32_t* counter, int64_t* slot) {
-    TileScheduler s(tiles_m, tiles_n, TileOrder::kGrouped, 0, 1);
-    s.counter_ = counter;
-    s.slot_ = slot;
-    return s;
-  }
-
   // The static orders' next index (where a scheduler rebuilt later resumes).
   __device__ int64_t position() const { return next_; }
 
   // The CTA's next tile; false when it has none left.
   __device__ bool next(TileCoord& tile) {
-    if (counter_ != nullptr) {
-      if (threadIdx.x == 0) *slot_ = claim_tile_index(counter_);
-      __syncthreads();
-      const int64_t index = *slot_;
-      __syncthreads();  // every thread has read the slot before thread 0 refills it
-      if (index >= end_) return false;
-      tile = grouped_tile(int(index), tiles_m_, tiles_n_);
-      return true;
-    }
     for (; next_ < end_; next_ += stride_) {
       tile = order_ == TileOrder::kHilbert ? hilbert_cell(next_, side_)
                                            : grouped_tile(int(next_), tiles_m_, tiles_n_);
@@ -129,9 +118,21 @@ class TileScheduler {
   int stride_;
   int side_;
   int64_t next_, end_;
-  uint32_t* counter_ = nullptr;  // dynamic order only
-  int64_t* slot_ = nullptr;
 };
+
+// The dynamic order in a CTA whose threads walk the tiles together
+// (`persistent`): thread 0 has claimed `index` (the other threads' value is
+// unused) and shares it through `slot` in shared memory. False past the last tile.
+__device__ __forceinline__ bool share_claimed_tile(int64_t index, int tiles_m, int tiles_n, int64_t* slot,
+                                                   TileCoord& tile) {
+  if (threadIdx.x == 0) *slot = index;
+  __syncthreads();
+  index = *slot;
+  __syncthreads();  // every thread has read the slot before thread 0 refills it
+  if (index >= int64_t(tiles_m) * tiles_n) return false;
+  tile = grouped_tile(int(index), tiles_m, tiles_n);
+  return true;
+}
 
 }  // namespace tc
 }  // namespace persistent_matmul

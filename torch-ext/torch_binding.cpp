@@ -7,6 +7,10 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/headeronly/util/Exception.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "matmul_problem.h"
 #include "registration.h"
 #include "torch_binding.h"
@@ -113,13 +117,53 @@ void check_tile_order(int64_t tile_order) {
                   "persistent_matmul: tile_order must be 0 (grouped), 1 (Hilbert) or 2 (dynamic), got ", tile_order);
 }
 
-// Sets the problem's tile order; the dynamic order also gets its tile counter,
-// a fresh zero on the launch's stream (returned: it must outlive the launch call).
+cudaStream_t current_stream(int32_t device) {
+  void* stream = nullptr;
+  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
+                  "persistent_matmul: could not get the current CUDA stream");
+  return static_cast<cudaStream_t>(stream);
+}
+
+// The dynamic tile order's counter for launches on `stream`: one uint32 per
+// device and stream, allocated and zeroed on first use and kept for the
+// process. Each launch leaves it at zero for the next (claim_tile_index),
+// and launches on one stream run one after another, so they never share it
+// at the same time; a call costs a lookup, not an allocation and a fill.
+uint32_t* stream_tile_counter(int32_t device, cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int32_t, cudaStream_t>, uint32_t*> counters;
+  const std::lock_guard<std::mutex> lock(mutex);
+  uint32_t*& counter = counters[{device, stream}];
+  if (counter == nullptr) {
+    void* memory = nullptr;
+    const cudaError_t err = cudaMalloc(&memory, sizeof(uint32_t));
+    STD_TORCH_CHECK(err == cudaSuccess && cudaMemsetAsync(memory, 0, sizeof(uint32_t), stream) == cudaSuccess,
+                    "persistent_matmul: could not allocate the dynamic tile order's counter: ",
+                    cudaGetErrorString(err == cudaSuccess ? cudaGetLastError() : err));
+    counter = static_cast<uint32_t*>(memory);
+  }
+  return counter;
+}
+
+// Sets the problem's tile order; the dynamic order also gets its tile
+// counter: the stream's, or while the stream is being captured into a CUDA
+// graph, a fresh zero from torch's allocator (cudaMalloc may not run during
+// capture, and the graph may be replayed on any stream; its zero-fill is
+// part of the graph). That tensor is returned: it must outlive the launch call.
 std::optional<Tensor> set_tile_order(MatmulProblem& problem, const Tensor& a, int64_t tile_order) {
   check_tile_order(tile_order);
   problem.tile_order = static_cast<int32_t>(tile_order);
   if (tile_order != 2) return std::nullopt;
-  torch::stable::accelerator::DeviceGuard guard(a.get_device_index());
+  const int32_t device = a.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device);
+  const cudaStream_t stream = current_stream(device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  STD_TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess,
+                  "persistent_matmul: could not query the stream's capture status");
+  if (capture == cudaStreamCaptureStatusNone) {
+    problem.tile_counter = stream_tile_counter(device, stream);
+    return std::nullopt;
+  }
   Tensor counter = torch::stable::new_zeros(a, {1}, ScalarType::Int);
   problem.tile_counter = static_cast<uint32_t*>(counter.data_ptr());
   return counter;
@@ -127,10 +171,7 @@ std::optional<Tensor> set_tile_order(MatmulProblem& problem, const Tensor& a, in
 
 void launch_on_stream(Launcher launch, const MatmulProblem& problem, int32_t device) {
   torch::stable::accelerator::DeviceGuard guard(device);
-  void* stream = nullptr;
-  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
-                  "persistent_matmul: could not get the current CUDA stream");
-  const cudaError_t err = launch(problem, static_cast<cudaStream_t>(stream));
+  const cudaError_t err = launch(problem, current_stream(device));
   STD_TORCH_CHECK(err == cudaSuccess, "persistent_matmul: kernel launch failed: ", cudaGetErrorString(err));
 }
 
@@ -169,7 +210,6 @@ void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bia
 
 void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                    const std::optional<Tensor>& timeline, int64_t tile_order) {
-  check_tile_order(tile_order);
   MatmulProblem problem = describe(a, b, bias, out);
   prepare_tensor_core(problem, a, timeline);
   const auto counter = set_tile_order(problem, a, tile_order);
@@ -186,7 +226,6 @@ void wgmma_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bia
 
 void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                          const std::optional<Tensor>& timeline, int64_t tile_order, int64_t cluster_size) {
-  check_tile_order(tile_order);
   STD_TORCH_CHECK(cluster_size == 1 || cluster_size == 2,
                   "persistent_matmul: cluster_size must be 1 or 2, got ", cluster_size);
   STD_TORCH_CHECK(cluster_size == 1 || tile_order != 2,
