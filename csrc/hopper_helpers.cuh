@@ -215,6 +215,16 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t lead
   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
+// The 32 accumulator registers of one m64n64k16 wgmma: the register list
+// of the instruction and the matching asm operands d[0..31].
+#define PM_WGMMA_ACC_LIST_32 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define PM_WGMMA_ACC_OPERANDS_32 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
 // d (+)= A(64 x 16, K-major, from desc_a) * B(16 x N, from desc_b); fp32
 // accumulators in the m64nNk16 fragment layout. scale_d == 0 overwrites d.
@@ -249,6 +259,18 @@ struct Wgmma<128, TRANS_B> {
       PM_WGMMA("m64n128k16", "bf16", PM_WGMMA_ACC_LIST_64, PM_WGMMA_ACC_OPERANDS_64, "64", "65", "66", "67");
     } else {
       PM_WGMMA("m64n128k16", "f16", PM_WGMMA_ACC_LIST_64, PM_WGMMA_ACC_OPERANDS_64, "64", "65", "66", "67");
+    }
+  }
+};
+
+template <int TRANS_B>
+struct Wgmma<64, TRANS_B> {
+  template <bool BF16>
+  static __device__ __forceinline__ void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    if constexpr (BF16) {
+      PM_WGMMA("m64n64k16", "bf16", PM_WGMMA_ACC_LIST_32, PM_WGMMA_ACC_OPERANDS_32, "32", "33", "34", "35");
+    } else {
+      PM_WGMMA("m64n64k16", "f16", PM_WGMMA_ACC_LIST_32, PM_WGMMA_ACC_OPERANDS_32, "32", "33", "34", "35");
     }
   }
 };

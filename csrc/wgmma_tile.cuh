@@ -142,8 +142,8 @@ class OneTilePerCta {
 // vertically adjacent tiles, one pair per cluster at a time, and CTA `rank`
 // of the cluster takes tile row 2 * pair + rank. With an odd number of tile
 // rows the last pair's second tile lies below the output: that CTA still
-// loads and multicasts its half of B for its partner, skips A, computes on
-// whatever its A stage holds, and stores nothing (store_tile clips rows >= M).
+// loads and multicasts its half of B for its partner, skips A, and its
+// consumers only pass the stages through (mma_width 0: no wgmma, no store).
 class TilePairsPerCluster {
  public:
   __device__ TilePairsPerCluster(int tiles_m, int tiles_n, tc::TileOrder order, int rank)
@@ -179,7 +179,7 @@ class PersistentTiles {
     if (counter_ == nullptr) return static_.next(tile);
     int64_t index;
     if constexpr (PRODUCER) {
-      index = tc::claim_tile_index(counter_);
+      index = tc::claim_tile_index(counter_, int64_t(tiles_m_) * tiles_n_);
       mbarrier_wait(&queue_.empty[slot_.stage], slot_.phase ^ 1);  // a fresh barrier passes parity 1
       queue_.slots[slot_.stage] = index;
       mbarrier_arrive(&queue_.full[slot_.stage]);  // releases the slot's write to the waiting consumers
@@ -256,29 +256,49 @@ __device__ __forceinline__ void release_stage(uint64_t* empty) {
   }
 }
 
-// One consumer warpgroup's k-loop over a tile: d = A[rows of this consumer] x B.
-template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR>
+// The wgmma width one consumer warpgroup needs for a tile: 0 if its 64
+// rows all lie below the output (it computes nothing), else the narrowest of
+// 64, 128, BN columns that covers the tile's columns inside the output. An
+// edge tile with a few rows or columns in the output (4097^3: one of each)
+// then costs a fraction of a full tile, not a whole one.
+template <typename Shape>
+__device__ __forceinline__ int mma_width(const MatmulProblem& p, tc::TileCoord tile, int consumer) {
+  if (int64_t(tile.m) * Shape::BM + consumer * 64 >= p.m) return 0;
+  const int64_t cols = p.n - int64_t(tile.n) * Shape::BN;
+  return cols <= 64 ? 64 : cols <= 128 ? 128 : Shape::BN;
+}
+
+// One consumer warpgroup's k-loop over a tile: d = A[rows of this consumer] x
+// B[first WIDTH columns], with wgmmas WIDTH wide; accumulators past WIDTH / 2
+// are zero. WIDTH = 0 only waits for each stage and releases it.
+template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int WIDTH>
 __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, RingPosition<Shape::STAGES>& ring,
                                              int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS]) {
   constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
+  static_assert(WIDTH == 0 || WIDTH == 64 || WIDTH == 128 || WIDTH == 256, "wgmma widths 64, 128 or 256");
+#pragma unroll
+  for (int i = WIDTH / 2; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
   const bool signals = threadIdx.x % 128 == 0;
   const uint32_t stages = smem_u32(smem.stages);
   int in_flight = -1;  // stage read by the wgmma group still running
   for (int kb = 0; kb < k_blocks; ++kb) {
     mbarrier_wait(&smem.full[ring.stage], ring.phase);
-    const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + consumer * 64 * 128;
-    const uint32_t b = stages + ring.stage * Shape::STAGE_BYTES + Shape::A_STAGE_BYTES;
-    wgmma_fence();
+    if constexpr (WIDTH > 0) {
+      const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + consumer * 64 * 128;
+      const uint32_t b = stages + ring.stage * Shape::STAGE_BYTES + Shape::A_STAGE_BYTES;
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Shape::BK / 16; ++kk) {
-      // K-major rows are 128 bytes (64 elements): step 32 bytes per k16.
-      // N-major B holds 64-element column blocks of BK rows: step 16 rows.
-      const uint64_t desc_a = smem_descriptor(a + kk * 32, 16, 1024);
-      const uint64_t desc_b = B_KMAJOR ? smem_descriptor(b + kk * 32, 16, 1024)
-                                       : smem_descriptor(b + kk * 16 * 128, Shape::BK * 128, 1024);
-      Wgmma<Shape::BN, B_KMAJOR ? 0 : 1>::template run<kBF16>(d, desc_a, desc_b, (kb > 0 || kk > 0) ? 1 : 0);
+      for (int kk = 0; kk < Shape::BK / 16; ++kk) {
+        // K-major rows are 128 bytes (64 elements): step 32 bytes per k16.
+        // N-major B holds 64-element column blocks of BK rows: step 16 rows.
+        const uint64_t desc_a = smem_descriptor(a + kk * 32, 16, 1024);
+        const uint64_t desc_b = B_KMAJOR ? smem_descriptor(b + kk * 32, 16, 1024)
+                                         : smem_descriptor(b + kk * 16 * 128, Shape::BK * 128, 1024);
+        Wgmma<WIDTH, B_KMAJOR ? 0 : 1>::template run<kBF16>(reinterpret_cast<float(&)[WIDTH / 2]>(d), desc_a,
+                                                            desc_b, (kb > 0 || kk > 0) ? 1 : 0);
+      }
+      wgmma_commit();
     }
-    wgmma_commit();
     wgmma_wait<1>();  // the previous k-block's wgmmas are done: free their stage
     if (signals && in_flight >= 0) release_stage<CLUSTER>(&smem.empty[in_flight]);
     in_flight = ring.stage;
@@ -286,6 +306,22 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
   }
   wgmma_wait<0>();
   if (signals) release_stage<CLUSTER>(&smem.empty[in_flight]);
+}
+
+// consume_tile at the width the tile needs (mma_width).
+template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR>
+__device__ __forceinline__ void consume_tile_at(int width, const SharedStages<Shape>& smem,
+                                                RingPosition<Shape::STAGES>& ring, int k_blocks, int consumer,
+                                                float (&d)[Shape::ACCUMULATORS]) {
+  if (width == Shape::BN) {
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::BN>(smem, ring, k_blocks, consumer, d);
+  } else if (width == 0) {
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0>(smem, ring, k_blocks, consumer, d);
+  } else if (width == 64) {
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64>(smem, ring, k_blocks, consumer, d);
+  } else if constexpr (Shape::BN > 128) {
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, d);
+  }
 }
 
 template <typename T>
@@ -362,6 +398,7 @@ __device__ __forceinline__ void store_tile_tma(const MatmulProblem& p, const CUt
   char* buffers = staging + consumer * Shape::OUT_BUFFERS * Shape::OUT_BOX_BYTES;
 #pragma unroll
   for (int box = 0; box < Shape::BN / 64; ++box) {
+    if (int64_t(tile.n) * Shape::BN + box * 64 >= p.n) break;  // boxes past the output's last column
     char* buffer = buffers + (box % Shape::OUT_BUFFERS) * Shape::OUT_BOX_BYTES;
     if (leader) bulk_wait_read<Shape::OUT_BUFFERS - 1>();  // the buffer's previous store has read it
     named_barrier_sync(barrier, 128);
@@ -441,8 +478,11 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
     while (tiles.next(tile)) {
       const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
       float d[Shape::ACCUMULATORS];
-      consume_tile<T, Shape, CLUSTER, B_KMAJOR>(smem, ring, k_blocks, consumer, d);
-      if (store_by_tma) {
+      const int width = mma_width<Shape>(p, tile, consumer);
+      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, k_blocks, consumer, d);
+      if (width == 0) {
+        // rows below the output: nothing to store
+      } else if (store_by_tma) {
         store_tile_tma<T, Shape>(p, map_out, smem.out_staging, tile, consumer, d);
       } else {
         store_tile<T, Shape>(p, tile, consumer, d);

@@ -82,6 +82,35 @@ def test_dynamic_order_starts_afresh_every_call(pm, kernel):
         assert check_exact(out, a, b) == 0, f"call {i}: wrong or missing tiles"
 
 
+@pytest.mark.parametrize("kernel", PERSISTENT_RUNGS)
+def test_dynamic_order_in_a_cuda_graph(pm, kernel):
+    """Captured into a CUDA graph, the dynamic order gets a counter of the graph's own,
+    zeroed on every replay: replays with new inputs, interleaved with eager calls on
+    the same stream, all compute every tile."""
+    skip_unless_runs(pm, kernel)
+    m, n, k = 700, 1500, 192
+    a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
+    out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic")  # warm-up: tensor maps, occupancy
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic")
+        for replay in range(3):
+            a2, b2 = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
+            a.copy_(a2)
+            b.copy_(b2)
+            out.copy_(poison(torch.empty_like(out)))
+            graph.replay()
+            eager = poison(torch.empty_like(out))
+            pm._matmul._run(a, b, None, eager, kernel, tile_order="dynamic")
+            stream.synchronize()
+            assert check_exact(out, a, b) == 0, f"replay {replay}: wrong or missing tiles"
+            assert check_exact(eager, a, b) == 0, f"eager call after replay {replay}: wrong or missing tiles"
+
+
 def test_dynamic_order_rejects_clusters(pm):
     skip_unless_runs(pm, "wgmma_persistent")
     a, b = random_operands(256, 256, 64, torch.bfloat16, "cuda")
@@ -105,6 +134,29 @@ def test_hopper_output_that_tma_cannot_store(pm, kernel):
         written = torch.zeros(buffer.shape, dtype=torch.bool, device="cuda")
         written[1:, 1:n + 1] = True
         assert torch.isnan(buffer[~written]).all(), f"{kernel} {m}x{n}: wrote outside out"
+
+
+HOPPER_EDGE_SHAPES = [(2049, 2056), (2100, 2152), (2049, 2049), (2200, 2300), (65, 129), (100, 200)]
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "wgmma_persistent"])
+@pytest.mark.parametrize("b_layout", ["n-major", "k-major"])
+def test_hopper_edge_tiles(pm, kernel, b_layout):
+    """Edge tiles run narrower wgmmas (64 or 128 columns) or none (a consumer whose
+    rows lie below the output): wide and narrow tiles, TMA-stored and register-stored
+    outputs (N % 8), K with and without a tail; every element exact, none outside out."""
+    skip_unless_runs(pm, kernel)
+    for m, n in HOPPER_EDGE_SHAPES:
+        for k in (64, 200):
+            a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
+            if b_layout == "k-major":
+                b = b.t().contiguous().t()
+            buffer = poison(torch.empty(m, n + 8, dtype=torch.bfloat16, device="cuda"))
+            out = buffer[:, :n]
+            pm.matmul(a, b, kernel=kernel, out=out)
+            torch.cuda.synchronize()
+            assert check_exact(out, a, b) == 0, f"{kernel} {m}x{n}x{k}: wrong values"
+            assert torch.isnan(buffer[:, n:]).all(), f"{kernel} {m}x{n}x{k}: wrote outside out"
 
 
 def test_persistent_grid_fills_the_device_once(pm):
