@@ -3,8 +3,8 @@
 // Over `tiled`, the grid is only as large as what fits on the GPU at once
 // (SM count x CTAs per SM, both read at run time), and each CTA walks output
 // tiles t = blockIdx.x, blockIdx.x + gridDim.x, ... in the same grouped order
-// (or a Hilbert order), or claims its next tile from a counter as it starts
-// one (the dynamic order; tile_scheduler.cuh). There are no waves and no launch
+// (or a Hilbert order), or after its first claims each next tile from a
+// counter when it is done with one (the dynamic order; tile_scheduler.cuh). There are no waves and no launch
 // of a new CTA per tile: a CTA that finishes a tile starts the cp.async loads
 // of its next tile first, then writes the finished tile's results, so the
 // next tile's loads overlap this tile's epilogue.
@@ -18,13 +18,14 @@ namespace {
 // rest of the scheduler is rebuilt from the kernel parameters each time, so
 // no scheduler state takes registers during the mainloop, which needs nearly
 // all of them (224 for the 128x256 tile, 234 with the scheduler kept live).
-// In the dynamic order thread 0 has already claimed the index, `claimed`.
+// In the dynamic order, the first tile is the static one (`position` =
+// blockIdx.x) and thread 0 claims each later one.
 template <typename Shape>
-__device__ __forceinline__ bool next_tile(const MatmulProblem& p, char* smem, int64_t& position, uint32_t claimed,
-                                          tc::TileCoord& c) {
+__device__ __forceinline__ bool next_tile(const MatmulProblem& p, char* smem, int64_t& position, tc::TileCoord& c) {
   const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
   const auto order = static_cast<tc::TileOrder>(p.tile_order);
-  if (order == tc::TileOrder::kDynamic) {
+  if (order == tc::TileOrder::kDynamic && position != blockIdx.x) {
+    const int64_t claimed = threadIdx.x == 0 ? tc::claim_tile_index(p.tile_counter, int64_t(tiles_m) * tiles_n) : 0;
     return tc::share_claimed_tile(claimed, tiles_m, tiles_n,
                                   reinterpret_cast<int64_t*>(smem + Shape::CLAIM_SLOT_OFFSET), c);
   }
@@ -34,32 +35,22 @@ __device__ __forceinline__ bool next_tile(const MatmulProblem& p, char* smem, in
   return more;
 }
 
-// Dynamic order: thread 0 claims the CTA's next tile (one atomic); 0 elsewhere.
-__device__ __forceinline__ uint32_t claim_next(const MatmulProblem& p, int64_t tiles) {
-  const bool claims = p.tile_order == int32_t(tc::TileOrder::kDynamic) && threadIdx.x == 0;
-  return claims ? uint32_t(tc::claim_tile_index(p.tile_counter, tiles)) : 0u;
-}
-
 template <typename T, typename Shape, bool B_KMAJOR, bool TIMELINE>
 __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_kernel(MatmulProblem p, tc::TileOperands op) {
   extern __shared__ __align__(128) char smem[];
   using Tile = tc::Tile<Shape, B_KMAJOR>;
-  const int64_t tiles = ceil_div(p.m, Shape::BM) * ceil_div(p.n, Shape::BN);
   int64_t position = blockIdx.x;
   tc::TileCoord c;
-  if (!next_tile<Shape>(p, smem, position, claim_next(p, tiles), c)) return;
+  if (!next_tile<Shape>(p, smem, position, c)) return;
   Tile::prologue(op, smem, c.m, c.n);
   while (true) {
     const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
-    // The dynamic order claims the next tile now: the atomic's round trip
-    // hides behind this tile's mainloop.
-    const uint32_t claimed = claim_next(p, tiles);
     float acc[Shape::MMA_M][Shape::MMA_N][4];
     Tile::template mainloop<T>(op, smem, c.m, c.n, acc);
     // The shared-memory buffers are free now: start the next tile's loads
     // before spending time on this tile's stores.
     tc::TileCoord next_c;
-    const bool more = next_tile<Shape>(p, smem, position, claimed, next_c);
+    const bool more = next_tile<Shape>(p, smem, position, next_c);
     if (more) Tile::prologue(op, smem, next_c.m, next_c.n);
     Tile::template epilogue<T>(p, c.m, c.n, acc);
     if constexpr (TIMELINE) {

@@ -7,10 +7,10 @@
 // (persistent only) walks a Hilbert curve over the smallest power-of-two
 // square that covers the tile grid, skipping cells outside it: neighbouring
 // indices are neighbouring tiles in both directions. Dynamic order
-// (persistent only) is the grouped order handed out at run time: a CTA
-// claims the next unclaimed index from a counter in global memory (one
-// atomic per tile, made as the CTA starts its current tile or, in
-// wgmma_persistent, as its producer starts loading the next), so CTAs that run ahead take more tiles and
+// (persistent only) is the grouped order handed out at run time: after its
+// first tile, a CTA that finishes a tile (in wgmma_persistent: whose
+// producer is done loading one) claims the next unclaimed index from a
+// counter in global memory, one atomic per tile, so CTAs that run ahead take more tiles and
 // the tiles in flight stay a contiguous stretch of the grouped order, as the
 // hardware's block dispatch keeps them for `tiled`. A static order fixes
 // each CTA's tiles up front (blockIdx.x, blockIdx.x + gridDim.x, ...).
@@ -65,16 +65,19 @@ __host__ __device__ __forceinline__ TileCoord hilbert_cell(int64_t d, int side) 
   return {y, x};
 }
 
-// The next index of the dynamic order: one atomic on the launch's counter,
-// zero at launch. Indices past the last tile say "no more". Every claiming
-// thread (one per CTA) claims until it gets such an index and then stops, so
-// a launch makes exactly `tiles` + gridDim.x claims: the thread that makes
-// the last one sets the counter back to zero, ready for the next launch on
-// the stream (the binding keeps one counter per stream; torch_binding.cpp).
+// The dynamic order: CTA c's first tile is index c (blockIdx.x, as in the
+// static grouped order: the first wave needs no atomic and keeps the static
+// order's placement), and each later index is claimed with one atomic on the
+// launch's counter, zero at launch: claim j gives index gridDim.x + j.
+// Indices past the last tile say "no more". Every claiming thread (one per
+// CTA) claims until it gets such an index and then stops, so a launch makes
+// exactly `tiles` claims (grid <= tiles): the thread that makes the last one
+// sets the counter back to zero, ready for the next launch on the stream
+// (the binding keeps one counter per stream; torch_binding.cpp).
 __device__ __forceinline__ int64_t claim_tile_index(uint32_t* counter, int64_t tiles) {
-  const int64_t index = atomicAdd(counter, 1u);
-  if (index == tiles + gridDim.x - 1) atomicExch(counter, 0u);
-  return index;
+  const int64_t claim = atomicAdd(counter, 1u);
+  if (claim == tiles - 1) atomicExch(counter, 0u);
+  return gridDim.x + claim;
 }
 
 // The tiles one persistent CTA computes, in a static order: indices

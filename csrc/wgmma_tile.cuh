@@ -162,9 +162,10 @@ class TilePairsPerCluster {
 
 // The tile stream of `wgmma_persistent` without clusters: its static orders
 // (tc::TileScheduler) or, with a counter, the dynamic order, where the
-// producer thread claims each tile (tc::claim_tile_index) as it starts to
-// load it and passes the index on to the consumer threads through the tile
-// queue. PRODUCER says which side this copy of the stream is.
+// producer thread takes its first tile from the static order and claims
+// each later one (tc::claim_tile_index) as it starts to load it, and passes
+// the index on to the consumer threads through the tile queue. PRODUCER
+// says which side this copy of the stream is.
 template <bool PRODUCER>
 class PersistentTiles {
  public:
@@ -179,7 +180,9 @@ class PersistentTiles {
     if (counter_ == nullptr) return static_.next(tile);
     int64_t index;
     if constexpr (PRODUCER) {
-      index = tc::claim_tile_index(counter_, int64_t(tiles_m_) * tiles_n_);
+      // The first tile is the static order's (tc::claim_tile_index).
+      index = first_ ? int64_t(blockIdx.x) : tc::claim_tile_index(counter_, int64_t(tiles_m_) * tiles_n_);
+      first_ = false;
       mbarrier_wait(&queue_.empty[slot_.stage], slot_.phase ^ 1);  // a fresh barrier passes parity 1
       queue_.slots[slot_.stage] = index;
       mbarrier_arrive(&queue_.full[slot_.stage]);  // releases the slot's write to the waiting consumers
@@ -200,6 +203,7 @@ class PersistentTiles {
   TileQueue queue_;
   int tiles_m_, tiles_n_;
   RingPosition<TILE_QUEUE_SLOTS> slot_;
+  bool first_ = true;  // the producer's first tile
 };
 
 // Producer: loads every k-block of every tile of the stream into the ring.
