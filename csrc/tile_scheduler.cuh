@@ -28,7 +28,9 @@ struct TileCoord {
 };
 
 // Grouped measured faster than Hilbert on 8 of the 11 benchmark shapes on the
-// H200 (benchmarks/results/2026-11-29-benchmark.md) and is the default. On a
+// H200 (benchmarks/results/2026-11-29-benchmark.md); the dynamic order (grouped,
+// claimed at run time) is the default, faster still where the last wave is
+// ragged (benchmarks/NOTES.md, fourth session). On a
 // long, thin tile grid most cells of Hilbert's covering square lie outside
 // it, and striding CTAs over the square gives some CTAs several tiles and
 // others none (3x slower at 128x4096x4096).

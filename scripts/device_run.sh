@@ -5,8 +5,8 @@
 #
 # With no STEP every step runs, else the set-up steps and the named ones, e.g.
 #   bash scripts/device_run.sh smoke gpu_tests benchmark sass
-# Steps: smoke gpu_tests sweep demo benchmark timelines integration sanitizers profile
-# profile_hopper sass.
+# Steps: smoke gpu_tests sweep demo benchmark timelines kernel_times integration sanitizers
+# profile profile_hopper sass.
 # Environment: BENCH_ARGS, SWEEP_ARGS (extra arguments), SWEEP_SECONDS (the sweep's
 # time budget), SANITIZE_RUNGS (rungs for memcheck; default all).
 #
@@ -99,8 +99,17 @@ benchmark() {
 timelines() {
   local shape
   for shape in 4096x4096x4096 8192x8192x8192 8192x8192x1024; do
-    timeout -k 5 60 "$PY" scripts/timeline_stats.py --shape "$shape" tiled persistent persistent-dynamic wgmma \
-      wgmma_persistent wgmma_persistent-dynamic 2>&1 | tee -a "$OUT/device.log" || return 1
+    timeout -k 5 60 "$PY" scripts/timeline_stats.py --shape "$shape" tiled persistent persistent-grouped wgmma \
+      wgmma_persistent wgmma_persistent-grouped 2>&1 | tee -a "$OUT/device.log" || return 1
+  done
+}
+
+# Where a call's GPU time goes (operand copies, the matmul) at the shapes that copy or tile raggedly.
+kernel_times() {
+  local shape
+  for shape in 4097x4097x4097 3000x3000x3000; do
+    timeout -k 5 60 "$PY" scripts/profile_workload.py --kernel-times --repeat 10 --shape "$shape" wgmma \
+      wgmma_persistent persistent 2>&1 | tee -a "$OUT/device.log" || return 1
   done
 }
 
@@ -153,8 +162,8 @@ sanitizer() {
 # deadlock) is reported and killed, not waited on.
 smoke() {
   local rung rc=0
-  for rung in naive warptiled tiled persistent persistent-dynamic wgmma wgmma_persistent \
-    wgmma_persistent-dynamic; do
+  for rung in naive warptiled tiled persistent persistent-grouped wgmma wgmma_persistent \
+    wgmma_persistent-grouped; do
     timeout -k 5 60 "$PY" scripts/smoke_test.py "$rung" 2>&1 | tee -a "$OUT/device.log" || rc=1
   done
   return $rc
@@ -196,7 +205,7 @@ fi
 run_step "GPU info" gpu_info
 run_step "load the prebuilt variant" check_variant
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(smoke gpu_tests sweep demo benchmark timelines integration sanitizers profile sass)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(smoke gpu_tests sweep demo benchmark timelines kernel_times integration sanitizers profile sass)
 for step in "${STEPS[@]}"; do
   case $step in
     smoke) run_step "smoke test, every rung" smoke ;;
@@ -205,6 +214,7 @@ for step in "${STEPS[@]}"; do
     demo) run_step "demo --record" demo ;;
     benchmark) run_step "benchmark table" benchmark ;;
     timelines) run_step "tile timelines" timelines ;;
+    kernel_times) run_step "GPU time per kernel of a call" kernel_times ;;
     sanitizers) sanitizers ;;
     profile) run_step "ncu profile" profile ;;
     profile_hopper) run_step "ncu profile, wgmma_persistent clusters" profile_hopper ;;

@@ -1,9 +1,13 @@
 """A workload for Nsight Compute: a few launches of the named rungs (or rung
-variants, as the benchmark names them: wgmma_persistent-cluster2, persistent-dynamic)
+variants, as the benchmark names them: wgmma_persistent-cluster2, persistent-grouped)
 at one shape.
 
     ncu --clock-control none -k regex:"tiled_kernel|persistent_kernel" --launch-skip 2 \\
         python scripts/profile_workload.py --shape 4096x4096x4096 tiled persistent
+
+With --kernel-times it prints instead where a call's GPU time goes: the time of
+each kernel one call launches (operand copies, the matmul), from torch.profiler,
+for torch.matmul and each named rung.
 """
 
 from __future__ import annotations
@@ -18,12 +22,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from matmul_checks import load_kernel, run_variant  # noqa: E402
 
 
+def print_kernel_times(name: str, call, what: str, repeat: int) -> None:
+    """The GPU time per call of each CUDA kernel `call` launches, largest first."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    call()  # warm-up: tensor maps, occupancy queries, allocator
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeat):
+            call()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.device_time_total > 0]
+    total = sum(e.device_time_total for e in kernels) / repeat
+    print(f"{name} {what}: {total:.1f} us of GPU time per call")
+    for e in sorted(kernels, key=lambda e: -e.device_time_total):
+        print(f"  {e.device_time_total / repeat:9.1f} us  {e.count / repeat:4.1f} x  {e.key[:110]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rungs", nargs="+")
     parser.add_argument("--shape", default="4096x4096x4096")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--kernel-times", action="store_true", help="print each kernel's GPU time per call")
     args = parser.parse_args()
     m, n, k = (int(x) for x in args.shape.split("x"))
     dtype = getattr(torch, args.dtype)
@@ -31,6 +54,11 @@ def main() -> int:
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     b = torch.randn(k, n, device="cuda", dtype=dtype)
     out = torch.empty(m, n, device="cuda", dtype=dtype)
+    if args.kernel_times:
+        for rung in ["torch.matmul", *args.rungs]:
+            print_kernel_times(rung, lambda r=rung: torch.matmul(a, b, out=out) if r == "torch.matmul"
+                               else run_variant(pm, r, a, b, out), f"{m}x{n}x{k} {args.dtype}", args.repeat)
+        return 0
     for rung in args.rungs:
         for _ in range(args.repeat):
             run_variant(pm, rung, a, b, out)

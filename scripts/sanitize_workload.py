@@ -45,15 +45,16 @@ def main() -> int:
                     if not err < TOLERANCE[dtype]:
                         failures += 1
                         print(f"WRONG {name} {dtype} {m}x{n}x{k} aT={a_t} bT={b_t}: rel error {err:.3g}")
-        if pm._rungs.RUNGS[name].takes_tile_order:  # the dynamic order's claimed tiles
+        if pm._rungs.RUNGS[name].takes_tile_order:  # the static orders (dynamic is the default)
             for m, n, k in SHAPES[-2:]:
-                a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
-                out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
-                pm._matmul._run(a, b, None, out, name, tile_order="dynamic")
-                runs += 1
-                if not matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]:
-                    failures += 1
-                    print(f"WRONG {name} dynamic order {m}x{n}x{k}")
+                for order in ("grouped", "hilbert"):
+                    a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
+                    out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+                    pm._matmul._run(a, b, None, out, name, tile_order=order)
+                    runs += 1
+                    if not matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]:
+                        failures += 1
+                        print(f"WRONG {name} {order} order {m}x{n}x{k}")
         if pm._rungs.RUNGS[name].has_timeline:  # the instrumented build too
             a, b = random_operands(129, 65, 70, torch.bfloat16, "cuda")
             pm.matmul_timeline(a, b, kernel=name)

@@ -10,6 +10,8 @@ import torch
 
 from matmul_checks import (
     EXACT_INT_LIMIT,
+    TILE_ORDER_NAMES,
+    TILE_ORDER_VARIANTS,
     TOLERANCE,
     cancellation_floor,
     check_exact,
@@ -194,3 +196,10 @@ def test_poison_and_check_exact():
     bias = exact_int_bias(10, torch.bfloat16, "cpu")
     out_b = (a.float() @ b.float() + bias.float()).to(torch.bfloat16)
     assert check_exact(out_b, a, b, bias) == 0
+
+
+def test_variant_names_follow_the_packages_tile_orders(pm):
+    """The scripts' "<rung>-<order>" names cover the package's tile orders, and the
+    benchmark's extra columns are the orders other than the default."""
+    assert set(TILE_ORDER_NAMES) == set(pm._matmul.TILE_ORDERS)
+    assert set(TILE_ORDER_VARIANTS) == set(TILE_ORDER_NAMES) - {pm._matmul.DEFAULT_TILE_ORDER}

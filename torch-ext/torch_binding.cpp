@@ -254,10 +254,10 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("warptiled(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out) -> ()");
   ops.def("tiled(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
   ops.def(
-      "persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=0) -> ()");
+      "persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=2) -> ()");
   ops.def("wgmma(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
   ops.def(
-      "wgmma_persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=0, "
+      "wgmma_persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=2, "
       "int cluster_size=1) -> ()");
   ops.def("tile_config(int m, int n, int device, bool hopper=False) -> int[]");
 }

@@ -78,20 +78,25 @@ def kernel_operands(a: torch.Tensor, b: torch.Tensor, chunk: int) -> tuple[torch
 
 # Tile orders of the persistent rungs' scheduler (csrc/tile_scheduler.cuh):
 # static grouped or Hilbert, or the grouped order claimed at run time from a
-# counter ("dynamic").
+# counter ("dynamic"). Dynamic is the default: on the H200 (benchmarks/NOTES.md,
+# fourth session) it beat grouped on the geometric mean of the 11 benchmark
+# shapes for both persistent rungs (persistent 1.023x of tiled against 0.986x;
+# wgmma_persistent 0.998x of wgmma against 0.952x), most where the last wave is
+# ragged (4097^3, 3000^3), at no host cost now that its counter is kept per stream.
 TILE_ORDERS = {"grouped": 0, "hilbert": 1, "dynamic": 2}
-DEFAULT_TILE_ORDER = "grouped"  # measured faster on 8 of 11 benchmark shapes
+DEFAULT_TILE_ORDER = "dynamic"
 
 
 def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
          kernel: str, names: tuple[str, str] = ("a", "b"), timeline: torch.Tensor | None = None,
-         tile_order: str = DEFAULT_TILE_ORDER, cluster_size: int = 1) -> torch.Tensor:
+         tile_order: str | None = None, cluster_size: int = 1) -> torch.Tensor:
     """a (M x K) @ b (K x N) (+ bias) into out, after the per-argument checks.
 
     ``names`` are the caller's names for a and b, used in error messages.
     ``cluster_size`` is wgmma_persistent's (1: no clusters, the default; 2: CTA
     pairs share B by TMA multicast, measured slower), for benchmarks; other
-    rungs ignore it.
+    rungs ignore it. ``tile_order`` None is DEFAULT_TILE_ORDER, or "grouped" in
+    clusters (the dynamic order runs without them).
     """
     _check_kernel_name(kernel)
     named = {names[0]: a, names[1]: b}
@@ -114,6 +119,8 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
         return out
     if rung.chunk_elements:
         a, b = kernel_operands(a, b, rung.chunk_elements)
+    if tile_order is None:
+        tile_order = "grouped" if cluster_size > 1 else DEFAULT_TILE_ORDER
     if rung.name == "wgmma_persistent":
         ops.wgmma_persistent(a, b, bias, out, timeline, TILE_ORDERS[tile_order], cluster_size)
     elif rung.takes_tile_order:
