@@ -33,6 +33,7 @@ import transformers_llama as llama_example  # noqa: E402
 from benchmark_table import warm_up_gpu  # noqa: E402
 from kernelize_linear import DEFAULT_BUILD, compare_kernelized  # noqa: E402
 from matmul_checks import environment, environment_lines, load_kernel  # noqa: E402
+from profile_workload import print_kernel_times  # noqa: E402
 
 
 def time_llama(args, build_dir: Path) -> dict:
@@ -62,8 +63,14 @@ def time_unet(args, build_dir: Path) -> dict:
                                       norm_num_groups=32)
     model = unet_example.build_unet(config, dtype=torch.bfloat16)
     inputs = unet_example.unet_inputs(config, batch=args.unet_batch, size=64, text_tokens=77, dtype=torch.bfloat16)
-    result = compare_kernelized(model, lambda m: unet_example.predict(m, inputs), build_dir=build_dir,
-                                time_iters=args.iters)
+    forward = lambda m: unet_example.predict(m, inputs)  # noqa: E731
+    if args.kernel_times:
+        with torch.no_grad():
+            print_kernel_times("UNet, torch", lambda: forward(model), "forward", 3, top=args.kernel_times)
+    result = compare_kernelized(model, forward, build_dir=build_dir, time_iters=args.iters)
+    if args.kernel_times:
+        with torch.no_grad():
+            print_kernel_times("UNet, kernelized", lambda: forward(model), "forward", 3, top=args.kernel_times)
     params = sum(p.numel() for p in model.parameters())
     del model
     torch.cuda.empty_cache()
@@ -109,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unet-batch", type=int, default=2)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--no-unet", action="store_true", help="time the Llama model only")
+    parser.add_argument("--kernel-times", type=int, default=0, metavar="N",
+                        help="also print the N kernels with the most GPU time in a UNet forward, torch and kernelized")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")

@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from matmul_checks import load_kernel, run_variant  # noqa: E402
 
 
-def print_kernel_times(name: str, call, what: str, repeat: int) -> None:
-    """The GPU time per call of each CUDA kernel `call` launches, largest first."""
+def print_kernel_times(name: str, call, what: str, repeat: int, top: int = 0) -> None:
+    """The GPU time per call of each CUDA kernel `call` launches, largest first
+    (the `top` largest if top > 0)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -36,7 +37,7 @@ def print_kernel_times(name: str, call, what: str, repeat: int) -> None:
     kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.device_time_total > 0]
     total = sum(e.device_time_total for e in kernels) / repeat
     print(f"{name} {what}: {total:.1f} us of GPU time per call")
-    for e in sorted(kernels, key=lambda e: -e.device_time_total):
+    for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top or None]:
         print(f"  {e.device_time_total / repeat:9.1f} us  {e.count / repeat:4.1f} x  {e.key[:110]}")
 
 
@@ -47,13 +48,22 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--kernel-times", action="store_true", help="print each kernel's GPU time per call")
+    parser.add_argument("--row-length", type=int, default=0,
+                        help="a, b and out as views into buffers with rows this many elements long "
+                             "(the leading dimension; default: contiguous)")
     args = parser.parse_args()
     m, n, k = (int(x) for x in args.shape.split("x"))
     dtype = getattr(torch, args.dtype)
     pm, _ = load_kernel()
-    a = torch.randn(m, k, device="cuda", dtype=dtype)
-    b = torch.randn(k, n, device="cuda", dtype=dtype)
-    out = torch.empty(m, n, device="cuda", dtype=dtype)
+
+    def matrix(rows: int, cols: int, fill) -> torch.Tensor:
+        if args.row_length < cols:
+            return fill(torch.empty(rows, cols, device="cuda", dtype=dtype))
+        return fill(torch.empty(rows, args.row_length, device="cuda", dtype=dtype))[:, :cols]
+
+    a = matrix(m, k, lambda t: t.normal_())
+    b = matrix(k, n, lambda t: t.normal_())
+    out = matrix(m, n, lambda t: t)
     if args.kernel_times:
         for rung in ["torch.matmul", *args.rungs]:
             print_kernel_times(rung, lambda r=rung: torch.matmul(a, b, out=out) if r == "torch.matmul"

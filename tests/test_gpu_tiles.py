@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from matmul_checks import (TOLERANCE, check_exact, exact_int_operands, matmul_error, nan_count, poison,
-                           random_operands)
+from matmul_checks import (TOLERANCE, check_exact, exact_int_bias, exact_int_operands, matmul_error, nan_count,
+                           poison, random_operands)
 
 pytestmark = pytest.mark.gpu
 
@@ -157,6 +157,20 @@ def test_hopper_edge_tiles(pm, kernel, b_layout):
             torch.cuda.synchronize()
             assert check_exact(out, a, b) == 0, f"{kernel} {m}x{n}x{k}: wrong values"
             assert torch.isnan(buffer[:, n:]).all(), f"{kernel} {m}x{n}x{k}: wrote outside out"
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "wgmma_persistent"])
+def test_hopper_staged_store_with_bias(pm, kernel):
+    """Outputs TMA cannot store go out through shared memory a row at a time: with a
+    bias, rows that start at odd and even element offsets, exact."""
+    skip_unless_runs(pm, kernel)
+    for m, n, k in [(300, 2049, 200), (4097, 1031, 72)]:
+        a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda", headroom=1)
+        bias = exact_int_bias(n, torch.bfloat16, "cuda")
+        out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
+        pm._matmul._run(a, b, bias, out, kernel)
+        torch.cuda.synchronize()
+        assert check_exact(out, a, b, bias) == 0, f"{kernel} {m}x{n}x{k}: wrong values"
 
 
 def test_persistent_grid_fills_the_device_once(pm):
