@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import math
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -93,7 +94,11 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
                 rounds: int = 3) -> dict:
     """One shape: every column timed in each of `rounds` interleaved rounds
     (torch.matmul, rung 1, rung 2, ..., then again), the median round kept, so a
-    clock that drifts under the power limit shifts every column alike."""
+    clock that drifts under the power limit shifts every column alike. Each
+    round runs the columns in its own shuffled order (seeded: the same for
+    every run): in a fixed order each column always ran after the same one, and
+    two tile orders of one rung traded a 4-5% lead when their columns traded
+    places (2026-11-30, benchmarks/NOTES.md)."""
     flop = 2.0 * m * n * k
     set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
     sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
@@ -123,8 +128,10 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
         probe = time_per_call(fn, 1, 1)
         calls[name] = max(1, min(200, int(2e-3 / max(probe, 1e-7))))
         batches[name] = 5 if probe < 0.05 else 2
-    for _ in range(rounds):
-        for name in names:
+    for r in range(rounds):
+        order = list(names)
+        random.Random(r).shuffle(order)
+        for name in order:
             times[name].append(time_per_call(runner(name), calls[name], batches[name]))
     for name in names:
         seconds = statistics.median(times[name])
