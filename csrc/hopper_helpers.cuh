@@ -239,42 +239,28 @@ struct Wgmma;
                : OPERANDS                                                                                   \
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B))
 
-template <int TRANS_B>
-struct Wgmma<256, TRANS_B> {
-  template <bool BF16>
-  static __device__ __forceinline__ void run(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    if constexpr (BF16) {
-      PM_WGMMA("m64n256k16", "bf16", PM_WGMMA_ACC_LIST_128, PM_WGMMA_ACC_OPERANDS_128, "128", "129", "130", "131");
-    } else {
-      PM_WGMMA("m64n256k16", "f16", PM_WGMMA_ACC_LIST_128, PM_WGMMA_ACC_OPERANDS_128, "128", "129", "130", "131");
-    }
-  }
-};
+// Wgmma<N, TRANS_B> for one width N: its accumulators (N / 2 registers per
+// thread, the asm operands 0 .. N / 2 - 1) and the operand numbers after them.
+#define PM_WGMMA_WIDTH(N, REGS, I_A, I_B, I_SCALE, I_TRANS)                                                          \
+  template <int TRANS_B>                                                                                            \
+  struct Wgmma<N, TRANS_B> {                                                                                        \
+    template <bool BF16>                                                                                            \
+    static __device__ __forceinline__ void run(float (&d)[REGS], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
+      if constexpr (BF16) {                                                                                         \
+        PM_WGMMA("m64n" #N "k16", "bf16", PM_WGMMA_ACC_LIST_##REGS, PM_WGMMA_ACC_OPERANDS_##REGS, I_A, I_B,      \
+                 I_SCALE, I_TRANS);                                                                                 \
+      } else {                                                                                                      \
+        PM_WGMMA("m64n" #N "k16", "f16", PM_WGMMA_ACC_LIST_##REGS, PM_WGMMA_ACC_OPERANDS_##REGS, I_A, I_B,       \
+                 I_SCALE, I_TRANS);                                                                                 \
+      }                                                                                                             \
+    }                                                                                                               \
+  };
 
-template <int TRANS_B>
-struct Wgmma<128, TRANS_B> {
-  template <bool BF16>
-  static __device__ __forceinline__ void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    if constexpr (BF16) {
-      PM_WGMMA("m64n128k16", "bf16", PM_WGMMA_ACC_LIST_64, PM_WGMMA_ACC_OPERANDS_64, "64", "65", "66", "67");
-    } else {
-      PM_WGMMA("m64n128k16", "f16", PM_WGMMA_ACC_LIST_64, PM_WGMMA_ACC_OPERANDS_64, "64", "65", "66", "67");
-    }
-  }
-};
+PM_WGMMA_WIDTH(256, 128, "128", "129", "130", "131")
+PM_WGMMA_WIDTH(128, 64, "64", "65", "66", "67")
+PM_WGMMA_WIDTH(64, 32, "32", "33", "34", "35")
 
-template <int TRANS_B>
-struct Wgmma<64, TRANS_B> {
-  template <bool BF16>
-  static __device__ __forceinline__ void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    if constexpr (BF16) {
-      PM_WGMMA("m64n64k16", "bf16", PM_WGMMA_ACC_LIST_32, PM_WGMMA_ACC_OPERANDS_32, "32", "33", "34", "35");
-    } else {
-      PM_WGMMA("m64n64k16", "f16", PM_WGMMA_ACC_LIST_32, PM_WGMMA_ACC_OPERANDS_32, "32", "33", "34", "35");
-    }
-  }
-};
-
+#undef PM_WGMMA_WIDTH
 #undef PM_WGMMA
 
 // ------------------------------------------------------------------ host side
