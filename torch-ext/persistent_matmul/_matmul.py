@@ -79,10 +79,10 @@ def kernel_operands(a: torch.Tensor, b: torch.Tensor, chunk: int) -> tuple[torch
 # Tile orders of the persistent rungs' scheduler (csrc/tile_scheduler.cuh):
 # static grouped or Hilbert, or the grouped order claimed at run time from a
 # counter ("dynamic"). Dynamic is the default: on the H200 (benchmarks/NOTES.md,
-# fourth session) it beat grouped on the geometric mean of the 11 benchmark
-# shapes for both persistent rungs (persistent 1.023x of tiled against 0.986x;
-# wgmma_persistent 0.998x of wgmma against 0.952x), most where the last wave is
-# ragged (4097^3, 3000^3), at no host cost now that its counter is kept per stream.
+# fourth session) it is as fast as grouped within the runs' noise on most of the
+# 11 benchmark shapes and faster where the last wave is ragged (4097^3: 1.2x for
+# persistent, 1.03x for wgmma_persistent; 3000^3: 1.14x for wgmma_persistent),
+# at no host cost now that its counter is kept per stream.
 TILE_ORDERS = {"grouped": 0, "hilbert": 1, "dynamic": 2}
 DEFAULT_TILE_ORDER = "dynamic"
 
