@@ -37,10 +37,18 @@ def read_variants(repo: Path) -> dict[str, dict]:
     } if build.is_dir() else {}
 
 
+def _measured_at(table: Path) -> str:
+    """The ``- Date: <ISO time>`` line that benchmark_table.py writes, or "" (older tables)."""
+    match = re.search(r"^- Date: (\S+)$", table.read_text(errors="replace"), re.M)
+    return match.group(1) if match else ""
+
+
 def latest_benchmark(repo: Path) -> Path | None:
-    """The newest ``benchmarks/results/*-benchmark.md`` by name, or None."""
-    found = sorted((Path(repo) / "benchmarks" / "results").glob("*-benchmark.md"))
-    return found[-1] if found else None
+    """The newest ``benchmarks/results/<date>-<tag>-benchmark.md``: the latest date
+    in the name, then among one day's tables (whose tags sort in no time order)
+    the latest Date line inside, then the last name."""
+    found = (Path(repo) / "benchmarks" / "results").glob("*-benchmark.md")
+    return max(found, key=lambda p: (p.name[:10], _measured_at(p), p.name), default=None)
 
 
 def _replace_section(body: str, title: str, new: str) -> str:

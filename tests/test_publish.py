@@ -26,7 +26,7 @@ import yaml
 
 from hub_server import HubServer
 from kernelpress import cli
-from kernelpress.card import fill_card, latest_benchmark_plot
+from kernelpress.card import fill_card, latest_benchmark, latest_benchmark_plot
 from kernelpress.publish import chunk, run_publish
 
 TOKEN = "hf_FAKEtoken0123456789SECRETabcdefXYZ"
@@ -172,6 +172,22 @@ def test_max_ops_splits_commits(hub, token, repo_copy):
     commits = [c for c in hub.repo("kernel", REPO_ID).commits if c["branch"] == "v1"]
     assert [len(c["ops"]) for c in commits] == [len(x) for x in chunk(list(range(n)), 3)]
     assert managed(hub.files("kernel", REPO_ID, "v1")) == local_kernel_files(repo_copy)
+
+
+def test_latest_benchmark_is_the_last_measured(tmp_path):
+    """Of several tables, the card takes the latest day (the name's date), and of one
+    day's tables the one measured last (its Date line), not the last by name."""
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    assert latest_benchmark(tmp_path) is None
+    (results / "2026-01-01-old-benchmark.md").write_text("a table without a date\n")
+    assert latest_benchmark(tmp_path).name == "2026-01-01-old-benchmark.md"
+    (results / "2026-01-02-zeta-benchmark.md").write_text("- Date: 2026-01-02T09:00:00+00:00\n")
+    (results / "2026-01-02-alpha-benchmark.md").write_text("- Date: 2026-01-02T17:30:00+00:00\n")
+    (results / "2026-01-02-alpha-benchmark.png").write_bytes(b"png")
+    (results / "2026-01-02-notes.md").write_text("- Date: 2026-12-31T00:00:00+00:00\n")  # not a table
+    assert latest_benchmark(tmp_path).name == "2026-01-02-alpha-benchmark.md"
+    assert latest_benchmark_plot(tmp_path).name == "2026-01-02-alpha-benchmark.png"
 
 
 def test_chunk():
