@@ -46,8 +46,9 @@ PERSISTENT_PAIRS = [("persistent", "tiled"), ("wgmma_persistent", "wgmma")]
 
 
 def with_variant_columns(rungs: list[str]) -> list[str]:
-    """rungs, plus "<persistent rung>-grouped" and "-hilbert" (the orders other than the default) after each persistent rung
-    among them, and wgmma_persistent in 2-CTA clusters ("wgmma_persistent-cluster2")."""
+    """rungs, plus "<persistent rung>-grouped" and "-hilbert" (the tile orders other
+    than the default) after each persistent rung among them, and wgmma_persistent
+    in 2-CTA clusters ("wgmma_persistent-cluster2")."""
     out = []
     for name in rungs:
         out.append(name)

@@ -63,14 +63,18 @@ def time_unet(args, build_dir: Path) -> dict:
                                       norm_num_groups=32)
     model = unet_example.build_unet(config, dtype=torch.bfloat16)
     inputs = unet_example.unet_inputs(config, batch=args.unet_batch, size=64, text_tokens=77, dtype=torch.bfloat16)
-    forward = lambda m: unet_example.predict(m, inputs)  # noqa: E731
-    if args.kernel_times:
-        with torch.no_grad():
-            print_kernel_times("UNet, torch", lambda: forward(model), "forward", 3, top=args.kernel_times)
+
+    def forward(m):
+        return unet_example.predict(m, inputs)
+
+    def kernel_times(label: str) -> None:  # --kernel-times: where a forward's GPU time goes
+        if args.kernel_times:
+            with torch.no_grad():
+                print_kernel_times(f"UNet, {label}", lambda: forward(model), "forward", 3, top=args.kernel_times)
+
+    kernel_times("torch")
     result = compare_kernelized(model, forward, build_dir=build_dir, time_iters=args.iters)
-    if args.kernel_times:
-        with torch.no_grad():
-            print_kernel_times("UNet, kernelized", lambda: forward(model), "forward", 3, top=args.kernel_times)
+    kernel_times("kernelized")
     params = sum(p.numel() for p in model.parameters())
     del model
     torch.cuda.empty_cache()

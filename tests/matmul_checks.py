@@ -231,22 +231,22 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 REPO_ID = "persistent-matmul/persistent-matmul"
 
 
-# "<persistent rung>-<order>": the tile orders other than the default (dynamic).
+# The benchmark's extra "<persistent rung>-<order>" columns: the tile orders
+# other than the package's default (dynamic).
 TILE_ORDER_VARIANTS = ("grouped", "hilbert")
-TILE_ORDER_NAMES = ("grouped", "hilbert", "dynamic")
 CLUSTER_VARIANT = "cluster2"  # "wgmma_persistent-cluster2": CTA pairs sharing B by multicast
 
 
 def run_variant(pm, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """a @ b into out through a rung ("persistent") or a variant of one, as the
-    benchmark and profile scripts name them: "<rung>-grouped", "<rung>-hilbert", "<rung>-dynamic"
-    (a persistent rung's other tile orders) or "wgmma_persistent-cluster2"."""
+    benchmark and profile scripts name them: "<rung>-<tile order>" (any of the
+    package's TILE_ORDERS, for a persistent rung) or "wgmma_persistent-cluster2"."""
     rung, _, variant = name.partition("-")
     if not variant:
         return pm.matmul(a, b, kernel=rung, out=out)
     if variant == CLUSTER_VARIANT:
         return pm._matmul._run(a, b, None, out, rung, cluster_size=2)
-    if variant in TILE_ORDER_NAMES:
+    if variant in pm._matmul.TILE_ORDERS:
         return pm._matmul._run(a, b, None, out, rung, tile_order=variant)
     raise ValueError(f"unknown variant {variant!r} in {name!r}")
 
