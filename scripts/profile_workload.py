@@ -53,11 +53,13 @@ def main() -> int:
                              "(the leading dimension; default: contiguous)")
     args = parser.parse_args()
     m, n, k = (int(x) for x in args.shape.split("x"))
+    if args.row_length and args.row_length < max(k, n):
+        parser.error(f"--row-length {args.row_length} is shorter than the rows of a ({k}) or b and out ({n})")
     dtype = getattr(torch, args.dtype)
     pm, _ = load_kernel()
 
     def matrix(rows: int, cols: int, fill) -> torch.Tensor:
-        if args.row_length < cols:
+        if not args.row_length:
             return fill(torch.empty(rows, cols, device="cuda", dtype=dtype))
         return fill(torch.empty(rows, args.row_length, device="cuda", dtype=dtype))[:, :cols]
 
