@@ -1,0 +1,112 @@
+"""Compare two builds of the package in one process: same GPU, same clocks, interleaved.
+
+    python scripts/compare_builds.py BASELINE_BUILD [--candidate build] [--rungs wgmma_persistent ...]
+        [--shapes 4096x4096x4096 ...] [--rounds 7]
+
+BASELINE_BUILD and --candidate are build folders (each holding a torch-* variant,
+as `kernelpress build` writes them); the two must come from different trees (a
+clean and a dirty one, or two commits), so that their op namespaces differ and
+both load side by side. Per shape and rung, every round times torch.matmul, the
+baseline and the candidate back to back in a shuffled order (benchmark_table's
+batches of calls with CUDA events, inputs rotated past the L2 cache), and the
+table reports the median over rounds of candidate / baseline, the spread of that
+ratio across rounds, and each build's median ratio to torch.matmul. Across
+separate benchmark runs the power-limited SM clock moves the ratios by a few per
+cent; here both builds see the same clock within a round, so a change of 1-2%
+shows.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from benchmark_table import L2_ROTATION_BYTES, parse_shape, time_per_call, warm_up_gpu  # noqa: E402
+from matmul_checks import environment, environment_lines, run_variant  # noqa: E402
+
+DEFAULT_SHAPES = ["4096x4096x4096", "8192x8192x8192", "4096x11008x4096", "4096x4096x11008", "8192x8192x1024",
+                  "4097x4097x4097", "3000x3000x3000"]
+
+
+def load_build(folder: Path):
+    """The package from one build folder (kernels.get_local_kernel)."""
+    import kernels
+
+    return kernels.get_local_kernel(folder)
+
+
+def compare_shape(builds: dict, rung: str, shape: tuple[int, int, int], dtype: torch.dtype, rounds: int) -> dict:
+    """Median seconds per call of torch.matmul and of `rung` in each build, per round."""
+    m, n, k = shape
+    set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
+    sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
+    inputs = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
+              for _ in range(sets)]
+    out = torch.empty(m, n, device="cuda", dtype=dtype)
+    reference = torch.matmul(inputs[0][0].float(), inputs[0][1].float())
+    runners = {"torch.matmul": lambda i: torch.matmul(*inputs[i % sets], out=out)}
+    for label, pm in builds.items():
+        runners[label] = (lambda pm: lambda i: run_variant(pm, rung, *inputs[i % sets], out))(pm)
+    errors, calls = {}, {}
+    for label, fn in runners.items():
+        out.fill_(float("nan"))
+        fn(0)
+        torch.cuda.synchronize()
+        errors[label] = (out.float() - reference).norm().item() / max(reference.norm().item(), 1e-30)
+        calls[label] = max(1, min(200, int(2e-3 / max(time_per_call(fn, 1, 1), 1e-7))))
+    times = {label: [] for label in runners}
+    for r in range(rounds):
+        order = list(runners)
+        random.Random(r).shuffle(order)
+        for label in order:
+            times[label].append(time_per_call(runners[label], calls[label], 3))
+    return {"errors": errors, "times": times}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("baseline", type=Path, help="build folder of the baseline")
+    parser.add_argument("--candidate", type=Path, default=Path("build"), help="build folder of the candidate")
+    parser.add_argument("--rungs", nargs="+", default=["wgmma_persistent"])
+    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    builds = {"baseline": load_build(args.baseline), "candidate": load_build(args.candidate)}
+    if builds["baseline"].__name__ == builds["candidate"].__name__:
+        parser.error(f"both folders hold the same build ({builds['baseline'].__name__}): nothing to compare")
+    dtype = getattr(torch, args.dtype)
+    shapes = [parse_shape(s) for s in args.shapes]
+    print("\n".join(environment_lines(environment(builds["candidate"], "kernels.get_local_kernel"))))
+    print(f"- baseline: {args.baseline} ({builds['baseline'].__name__})")
+    print(f"- candidate: {args.candidate} ({builds['candidate'].__name__})")
+    print(f"- {args.rounds} rounds per shape, columns shuffled per round; dtype {args.dtype}\n")
+    print("| rung | M x N x K | candidate / baseline (median) | min - max over rounds | baseline / torch | "
+          "candidate / torch | rel. error (baseline, candidate) |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    warm_up_gpu()
+    for rung in args.rungs:
+        for shape in shapes:
+            result = compare_shape(builds, rung, shape, dtype, args.rounds)
+            t = result["times"]
+            ratios = [b / c for b, c in zip(t["baseline"], t["candidate"])]  # > 1: the candidate is faster
+            torch_s = statistics.median(t["torch.matmul"])
+            e = result["errors"]
+            print(f"| {rung} | {'x'.join(map(str, shape))} | {statistics.median(ratios):.3f} | "
+                  f"{min(ratios):.3f} - {max(ratios):.3f} | {torch_s / statistics.median(t['baseline']):.3f} | "
+                  f"{torch_s / statistics.median(t['candidate']):.3f} | {e['baseline']:.1e}, {e['candidate']:.1e} |",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
