@@ -1,16 +1,17 @@
-"""Compare two builds of the package in one process: same GPU, same clocks, interleaved.
+"""Compare builds of the package in one process: same GPU, same clocks, interleaved.
 
-    python scripts/compare_builds.py BASELINE_BUILD [--candidate build] [--rungs wgmma_persistent ...]
+    python scripts/compare_builds.py BASELINE_BUILD [--candidates build ...] [--rungs wgmma_persistent ...]
         [--shapes 4096x4096x4096 ...] [--rounds 7]
 
-BASELINE_BUILD and --candidate are build folders (each holding a torch-* variant,
-as `kernelpress build` writes them); the two must come from different trees (a
-clean and a dirty one, or two commits), so that their op namespaces differ and
-both load side by side. Per shape and rung, every round times torch.matmul, the
-baseline and the candidate back to back in a shuffled order (benchmark_table's
-batches of calls with CUDA events, inputs rotated past the L2 cache), and the
-table reports the median over rounds of candidate / baseline, the spread of that
-ratio across rounds, and each build's median ratio to torch.matmul. Across
+BASELINE_BUILD and --candidates are build folders (each holding a torch-* variant,
+as `kernelpress build` writes them); they must come from different trees (a
+clean and a dirty one, or different commits), so that their op namespaces differ
+and all load side by side. Per shape and rung, every round times torch.matmul,
+the baseline and each candidate back to back in a shuffled order
+(benchmark_table's batches of calls with CUDA events, inputs rotated past the L2
+cache), and the table reports, per candidate, the median over rounds of
+baseline time / candidate time (> 1: the candidate is faster), the spread of
+that ratio across rounds, and the median ratios to torch.matmul. Across
 separate benchmark runs the power-limited SM clock moves the ratios by a few per
 cent; here both builds see the same clock within a round, so a change of 1-2%
 shows.
@@ -73,7 +74,8 @@ def compare_shape(builds: dict, rung: str, shape: tuple[int, int, int], dtype: t
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("baseline", type=Path, help="build folder of the baseline")
-    parser.add_argument("--candidate", type=Path, default=Path("build"), help="build folder of the candidate")
+    parser.add_argument("--candidates", type=Path, nargs="+", default=[Path("build")],
+                        help="build folders to compare with the baseline (default: build)")
     parser.add_argument("--rungs", nargs="+", default=["wgmma_persistent"])
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES)
     parser.add_argument("--dtype", default="bfloat16")
@@ -81,30 +83,34 @@ def main() -> int:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    builds = {"baseline": load_build(args.baseline), "candidate": load_build(args.candidate)}
-    if builds["baseline"].__name__ == builds["candidate"].__name__:
-        parser.error(f"both folders hold the same build ({builds['baseline'].__name__}): nothing to compare")
+    builds = {"baseline": load_build(args.baseline)}
+    for folder in args.candidates:
+        builds[str(folder)] = load_build(folder)
+    names = [pm.__name__ for pm in builds.values()]
+    if len(set(names)) != len(names):
+        parser.error(f"two folders hold the same build ({', '.join(names)}): nothing to compare")
     dtype = getattr(torch, args.dtype)
     shapes = [parse_shape(s) for s in args.shapes]
-    print("\n".join(environment_lines(environment(builds["candidate"], "kernels.get_local_kernel"))))
-    print(f"- baseline: {args.baseline} ({builds['baseline'].__name__})")
-    print(f"- candidate: {args.candidate} ({builds['candidate'].__name__})")
+    candidates = [str(folder) for folder in args.candidates]
+    print("\n".join(environment_lines(environment(builds[candidates[0]], "kernels.get_local_kernel"))))
+    for label, pm in builds.items():
+        print(f"- {'baseline: ' + str(args.baseline) if label == 'baseline' else 'candidate: ' + label} ({pm.__name__})")
     print(f"- {args.rounds} rounds per shape, columns shuffled per round; dtype {args.dtype}\n")
-    print("| rung | M x N x K | candidate / baseline (median) | min - max over rounds | baseline / torch | "
-          "candidate / torch | rel. error (baseline, candidate) |")
-    print("|---|---|---:|---:|---:|---:|---|")
+    print("| rung | M x N x K | candidate | baseline / candidate time (median) | min - max over rounds | "
+          "baseline / torch | candidate / torch | rel. error (baseline, candidate) |")
+    print("|---|---|---|---:|---:|---:|---:|---|")
     warm_up_gpu()
     for rung in args.rungs:
         for shape in shapes:
             result = compare_shape(builds, rung, shape, dtype, args.rounds)
-            t = result["times"]
-            ratios = [b / c for b, c in zip(t["baseline"], t["candidate"])]  # > 1: the candidate is faster
+            t, e = result["times"], result["errors"]
             torch_s = statistics.median(t["torch.matmul"])
-            e = result["errors"]
-            print(f"| {rung} | {'x'.join(map(str, shape))} | {statistics.median(ratios):.3f} | "
-                  f"{min(ratios):.3f} - {max(ratios):.3f} | {torch_s / statistics.median(t['baseline']):.3f} | "
-                  f"{torch_s / statistics.median(t['candidate']):.3f} | {e['baseline']:.1e}, {e['candidate']:.1e} |",
-                  flush=True)
+            for label in candidates:
+                ratios = [b / c for b, c in zip(t["baseline"], t[label])]  # > 1: the candidate is faster
+                print(f"| {rung} | {'x'.join(map(str, shape))} | {label} | {statistics.median(ratios):.3f} | "
+                      f"{min(ratios):.3f} - {max(ratios):.3f} | {torch_s / statistics.median(t['baseline']):.3f} | "
+                      f"{torch_s / statistics.median(t[label]):.3f} | {e['baseline']:.1e}, {e[label]:.1e} |",
+                      flush=True)
     return 0
 
 
