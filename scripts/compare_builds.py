@@ -92,6 +92,7 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
     shapes = [parse_shape(s) for s in args.shapes]
     candidates = [str(folder) for folder in args.candidates]
+    warm_up_gpu()  # first, so the header's SM clock and power are those under load
     print("\n".join(environment_lines(environment(builds[candidates[0]], "kernels.get_local_kernel"))))
     for label, pm in builds.items():
         print(f"- {'baseline: ' + str(args.baseline) if label == 'baseline' else 'candidate: ' + label} ({pm.__name__})")
@@ -99,7 +100,6 @@ def main() -> int:
     print("| rung | M x N x K | candidate | baseline / candidate time (median) | min - max over rounds | "
           "baseline / torch | candidate / torch | rel. error (baseline, candidate) |")
     print("|---|---|---|---:|---:|---:|---:|---|")
-    warm_up_gpu()
     for rung in args.rungs:
         for shape in shapes:
             result = compare_shape(builds, rung, shape, dtype, args.rounds)
