@@ -45,13 +45,15 @@ NAIVE_MAX_FLOP = 4.0e11  # the naive rung runs ~5 TFLOP/s: skip shapes that woul
 PERSISTENT_PAIRS = [("persistent", "tiled"), ("wgmma_persistent", "wgmma")]
 
 
-def with_variant_columns(rungs: list[str]) -> list[str]:
+def with_variant_columns(rungs: list[str], variants: bool = True) -> list[str]:
     """rungs, plus "<persistent rung>-grouped" and "-hilbert" (the tile orders other
     than the default) after each persistent rung among them, and wgmma_persistent
-    in 2-CTA clusters ("wgmma_persistent-cluster2")."""
+    in 2-CTA clusters ("wgmma_persistent-cluster2"); just rungs if not `variants`."""
     out = []
     for name in rungs:
         out.append(name)
+        if not variants:
+            continue
         if any(name == p for p, _ in PERSISTENT_PAIRS):
             out.extend(f"{name}-{order}" for order in TILE_ORDER_VARIANTS)
         if name == "wgmma_persistent":
@@ -223,6 +225,9 @@ def main() -> int:
     parser.add_argument("--dtypes", nargs="*", default=["bfloat16", "float32"])
     parser.add_argument("--tag", default="benchmark")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median kept)")
+    parser.add_argument("--no-variants", dest="variants", action="store_false",
+                        help="only the rungs' default configurations: no tile-order or cluster columns "
+                             "(a third of the time when both persistent rungs run)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmark_table.py needs a CUDA GPU; none is present here.", file=sys.stderr)
@@ -236,7 +241,7 @@ def main() -> int:
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         rungs = with_variant_columns([n for n in (args.rungs or available)
-                                      if n in available and dtype in available[n].dtypes])
+                                      if n in available and dtype in available[n].dtypes], args.variants)
         floors[dtype_name] = per_call_floor(pm, dtype, [r for r in rungs if r != "naive"])
         print(f"per-call floor {dtype_name}:", {k_: round(v, 1) for k_, v in floors[dtype_name].items()}, flush=True)
         for m, n, k in args.shapes:
@@ -245,7 +250,7 @@ def main() -> int:
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "results"}),
                   {name: round(r.get("tflops", 0), 1) for name, r in row["results"].items()}, flush=True)
     env["clocks_at_end"] = gpu_clocks()
-    columns = with_variant_columns([n for n in (args.rungs or available) if n in available])
+    columns = with_variant_columns([n for n in (args.rungs or available) if n in available], args.variants)
     text = markdown(env, rows, columns, floors)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}-{args.tag}"

@@ -6,9 +6,10 @@
 # With no STEP every step runs, else the set-up steps and the named ones, e.g.
 #   bash scripts/device_run.sh smoke gpu_tests benchmark sass
 # Steps: smoke gpu_tests sweep demo benchmark timelines kernel_times integration sanitizers
-# profile profile_hopper sass.
-# Environment: BENCH_ARGS, SWEEP_ARGS (extra arguments), SWEEP_SECONDS (the sweep's
-# time budget), SANITIZE_RUNGS (rungs for memcheck; default all).
+# profile profile_hopper sass, and compare (not in the default set: build/ against the
+# build folder $BASELINE, scripts/compare_builds.py, output in compare.log).
+# Environment: BENCH_ARGS, SWEEP_ARGS, COMPARE_ARGS (extra arguments), SWEEP_SECONDS (the
+# sweep's time budget), SANITIZE_RUNGS (rungs for memcheck; default all), BASELINE.
 #
 # Steps: install the carried wheels (.whl/, if present), print the GPU, check that the
 # prebuilt variant in build/ loads under the device's torch, run the GPU tests, the
@@ -93,6 +94,15 @@ demo() {
 benchmark() {
   # shellcheck disable=SC2086  # BENCH_ARGS: extra arguments, word-split on purpose
   timeout -k 5 300 "$PY" scripts/benchmark_table.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
+}
+
+# build/ against the build folder $BASELINE (another commit's build, carried along), in one
+# process, interleaved: the ratio of their times per rung and shape (scripts/compare_builds.py).
+compare() {
+  : "${BASELINE:?set BASELINE to the build folder of the baseline}"
+  # shellcheck disable=SC2086  # COMPARE_ARGS: extra arguments, word-split on purpose
+  timeout -k 5 300 "$PY" scripts/compare_builds.py "$BASELINE" --candidates build ${COMPARE_ARGS:-} 2>&1 |
+    tee "$OUT/compare.log"
 }
 
 # Where each persistent rung's tiles ran, per tile order, at the large square shapes.
@@ -213,6 +223,7 @@ for step in "${STEPS[@]}"; do
     sweep) run_step "correctness sweep" sweep ;;
     demo) run_step "demo --record" demo ;;
     benchmark) run_step "benchmark table" benchmark ;;
+    compare) run_step "build/ against \$BASELINE" compare ;;
     timelines) run_step "tile timelines" timelines ;;
     kernel_times) run_step "GPU time per kernel of a call" kernel_times ;;
     sanitizers) sanitizers ;;

@@ -1,0 +1,55 @@
+"""CPU tests of the device scripts, for what needs no GPU: the benchmark's columns,
+compare_builds' refusal of a comparison that would measure nothing, and that the
+shell scripts parse."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+from benchmark_table import with_variant_columns  # noqa: E402
+from matmul_checks import CLUSTER_VARIANT, TILE_ORDER_VARIANTS  # noqa: E402
+
+
+def test_variant_columns_follow_each_persistent_rung():
+    rungs = ["tiled", "persistent", "wgmma", "wgmma_persistent"]
+    expected = ["tiled", "persistent", *(f"persistent-{o}" for o in TILE_ORDER_VARIANTS), "wgmma",
+                "wgmma_persistent", *(f"wgmma_persistent-{o}" for o in TILE_ORDER_VARIANTS),
+                f"wgmma_persistent-{CLUSTER_VARIANT}"]
+    assert with_variant_columns(rungs) == expected
+
+
+def test_no_variants_keeps_just_the_rungs():
+    rungs = ["naive", "persistent", "wgmma_persistent"]
+    assert with_variant_columns(rungs, variants=False) == rungs
+
+
+def _compare_builds(repo_root, env, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / "compare_builds.py"), *args], cwd=repo_root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_compare_builds_refuses_one_build_against_itself(variant_dir, repo_root, subprocess_env):
+    build = str(variant_dir.parent)
+    result = _compare_builds(repo_root, subprocess_env, build, "--candidates", build)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "hold the same build" in result.stderr
+
+
+def test_compare_builds_needs_a_round(repo_root, subprocess_env):
+    result = _compare_builds(repo_root, subprocess_env, "build", "--rounds", "0")
+    assert result.returncode == 2
+    assert "--rounds must be at least 1" in result.stderr
+
+
+def test_device_shell_scripts_parse():
+    """`bash -n` on the scripts meant for the GPU machine: a syntax error there costs a device call."""
+    scripts = sorted(SCRIPTS.glob("*.sh"))
+    assert scripts
+    for script in scripts:
+        result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{script.name}: {result.stderr}"
