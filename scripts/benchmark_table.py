@@ -93,6 +93,16 @@ def time_per_call(fn, calls_per_batch: int, batches: int) -> float:
     return statistics.median(times)
 
 
+def rotated_inputs(m: int, n: int, k: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Random normal (a, b) pairs, as many as it takes (up to 16) for all of them
+    together to exceed the L2 cache three times: calls that rotate through them
+    read their operands from memory, as a model's layers would."""
+    set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
+    sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
+    return [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
+            for _ in range(sets)]
+
+
 def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str], tf32: bool,
                 rounds: int = 3) -> dict:
     """One shape: every column timed in each of `rounds` interleaved rounds
@@ -103,10 +113,8 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
     two tile orders of one rung traded a 4-5% lead when their columns traded
     places (2026-11-30, benchmarks/NOTES.md)."""
     flop = 2.0 * m * n * k
-    set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
-    sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
-    inputs = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
-              for _ in range(sets)]
+    inputs = rotated_inputs(m, n, k, dtype)
+    sets = len(inputs)
     out = torch.empty(m, n, device="cuda", dtype=dtype)
     torch.backends.cuda.matmul.allow_tf32 = tf32
     reference = torch.matmul(inputs[0][0].float(), inputs[0][1].float())
@@ -226,8 +234,8 @@ def main() -> int:
     parser.add_argument("--tag", default="benchmark")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median kept)")
     parser.add_argument("--no-variants", dest="variants", action="store_false",
-                        help="only the rungs' default configurations: no tile-order or cluster columns "
-                             "(a third of the time when both persistent rungs run)")
+                        help="only the rungs' default configurations: no tile-order or cluster columns, "
+                             "so a run takes less device time")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmark_table.py needs a CUDA GPU; none is present here.", file=sys.stderr)

@@ -19,7 +19,6 @@ shows.
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import sys
@@ -29,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from benchmark_table import L2_ROTATION_BYTES, parse_shape, time_per_call, warm_up_gpu  # noqa: E402
+from benchmark_table import parse_shape, rotated_inputs, time_per_call, warm_up_gpu  # noqa: E402
 from matmul_checks import environment, environment_lines, run_variant  # noqa: E402
 
 DEFAULT_SHAPES = ["4096x4096x4096", "8192x8192x8192", "4096x11008x4096", "4096x4096x11008", "8192x8192x1024",
@@ -46,10 +45,8 @@ def load_build(folder: Path):
 def compare_shape(builds: dict, rung: str, shape: tuple[int, int, int], dtype: torch.dtype, rounds: int) -> dict:
     """Median seconds per call of torch.matmul and of `rung` in each build, per round."""
     m, n, k = shape
-    set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
-    sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
-    inputs = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
-              for _ in range(sets)]
+    inputs = rotated_inputs(m, n, k, dtype)
+    sets = len(inputs)
     out = torch.empty(m, n, device="cuda", dtype=dtype)
     reference = torch.matmul(inputs[0][0].float(), inputs[0][1].float())
     runners = {"torch.matmul": lambda i: torch.matmul(*inputs[i % sets], out=out)}
