@@ -93,6 +93,11 @@ def time_per_call(fn, calls_per_batch: int, batches: int) -> float:
     return statistics.median(times)
 
 
+def calls_per_batch(seconds_per_call: float) -> int:
+    """Calls in a batch of about 2 ms (1 to 200), so CUDA events time a batch, not one launch."""
+    return max(1, min(200, int(2e-3 / max(seconds_per_call, 1e-7))))
+
+
 def rotated_inputs(m: int, n: int, k: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Random normal (a, b) pairs, as many as it takes (up to 16) for all of them
     together to exceed the L2 cache three times: calls that rotate through them
@@ -137,7 +142,7 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
         err = (out.float() - reference).norm().item() / max(reference.norm().item(), 1e-30)
         row["results"][name] = {"rel_error": err}
         probe = time_per_call(fn, 1, 1)
-        calls[name] = max(1, min(200, int(2e-3 / max(probe, 1e-7))))
+        calls[name] = calls_per_batch(probe)
         batches[name] = 5 if probe < 0.05 else 2
     for r in range(rounds):
         order = list(names)

@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from benchmark_table import parse_shape, rotated_inputs, time_per_call, warm_up_gpu  # noqa: E402
-from matmul_checks import environment, environment_lines, run_variant  # noqa: E402
+from benchmark_table import calls_per_batch, parse_shape, rotated_inputs, time_per_call, warm_up_gpu  # noqa: E402
+from matmul_checks import environment, environment_lines, rel_error, run_variant  # noqa: E402
 
 DEFAULT_SHAPES = ["4096x4096x4096", "8192x8192x8192", "4096x11008x4096", "4096x4096x11008", "8192x8192x1024",
                   "4097x4097x4097", "3000x3000x3000"]
@@ -57,8 +57,8 @@ def compare_shape(builds: dict, rung: str, shape: tuple[int, int, int], dtype: t
         out.fill_(float("nan"))
         fn(0)
         torch.cuda.synchronize()
-        errors[label] = (out.float() - reference).norm().item() / max(reference.norm().item(), 1e-30)
-        calls[label] = max(1, min(200, int(2e-3 / max(time_per_call(fn, 1, 1), 1e-7))))
+        errors[label] = rel_error(out, reference)
+        calls[label] = calls_per_batch(time_per_call(fn, 1, 1))
     times = {label: [] for label in runners}
     for r in range(rounds):
         order = list(runners)
@@ -80,6 +80,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    for folder in [args.baseline, *args.candidates]:
+        if not any(folder.glob("torch-*")):
+            parser.error(f"{folder} holds no build (no torch-* variant folder; `kernelpress build` writes one)")
+    if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
+        parser.error(f"--dtype {args.dtype!r} is not a torch dtype (bfloat16, float16, ...)")
     builds = {"baseline": load_build(args.baseline)}
     for folder in args.candidates:
         builds[str(folder)] = load_build(folder)

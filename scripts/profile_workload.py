@@ -66,17 +66,19 @@ def main() -> int:
     a = matrix(m, k, lambda t: t.normal_())
     b = matrix(k, n, lambda t: t.normal_())
     out = matrix(m, n, lambda t: t)
+    def call(rung: str) -> None:  # "torch.matmul" names cuBLAS's kernel, to profile beside ours
+        if rung == "torch.matmul":
+            torch.matmul(a, b, out=out)
+        else:
+            run_variant(pm, rung, a, b, out)
+
     if args.kernel_times:
         for rung in ["torch.matmul", *args.rungs]:
-            print_kernel_times(rung, lambda r=rung: torch.matmul(a, b, out=out) if r == "torch.matmul"
-                               else run_variant(pm, r, a, b, out), f"{m}x{n}x{k} {args.dtype}", args.repeat)
+            print_kernel_times(rung, lambda r=rung: call(r), f"{m}x{n}x{k} {args.dtype}", args.repeat)
         return 0
-    for rung in args.rungs:  # "torch.matmul" names cuBLAS's kernel, to profile beside ours
+    for rung in args.rungs:
         for _ in range(args.repeat):
-            if rung == "torch.matmul":
-                torch.matmul(a, b, out=out)
-            else:
-                run_variant(pm, rung, a, b, out)
+            call(rung)
     torch.cuda.synchronize()
     print(f"profiled {args.rungs} at {m}x{n}x{k} {args.dtype}, {args.repeat} launches each")
     return 0

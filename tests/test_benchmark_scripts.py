@@ -53,3 +53,16 @@ def test_device_shell_scripts_parse():
     for script in scripts:
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, f"{script.name}: {result.stderr}"
+
+
+def test_compare_builds_names_a_folder_without_a_build(repo_root, subprocess_env, tmp_path):
+    result = _compare_builds(repo_root, subprocess_env, str(tmp_path), "--candidates", "build")
+    assert result.returncode == 2
+    assert f"{tmp_path} holds no build" in result.stderr
+
+
+def test_compare_builds_names_a_bad_dtype(variant_dir, repo_root, subprocess_env):
+    build = str(variant_dir.parent)
+    result = _compare_builds(repo_root, subprocess_env, build, "--candidates", build, "--dtype", "bfloat17")
+    assert result.returncode == 2
+    assert "'bfloat17' is not a torch dtype" in result.stderr
