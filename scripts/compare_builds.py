@@ -1,7 +1,7 @@
 """Compare builds of the package in one process: same GPU, same clocks, interleaved.
 
     python scripts/compare_builds.py BASELINE_BUILD [--candidates build ...] [--rungs wgmma_persistent ...]
-        [--shapes 4096x4096x4096 ...] [--rounds 7]
+        [--shapes 4096x4096x4096 ...] [--rounds 7] [--baseline-rung tiled]
 
 BASELINE_BUILD and --candidates are build folders (each holding a torch-* variant,
 as `kernelpress build` writes them); they must come from different trees (a
@@ -14,11 +14,19 @@ baseline time / candidate time (> 1: the candidate is faster), the spread of
 that ratio across rounds, and the median ratios to torch.matmul. Across
 separate benchmark runs the power-limited SM clock moves the ratios by a few per
 cent; here both builds see the same clock within a round, so a change of 1-2%
-shows.
+shows. A last table gives, per rung and candidate, the geometric mean of the
+median ratios over the shapes.
+
+With --baseline-rung, the baseline runs that rung and the candidates run
+--rungs, so two rungs of one build are compared the same way (the candidate
+may then be the baseline's own folder):
+
+    python scripts/compare_builds.py build --candidates build --baseline-rung tiled --rungs persistent
 """
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
@@ -42,8 +50,10 @@ def load_build(folder: Path):
     return kernels.get_local_kernel(folder)
 
 
-def compare_shape(builds: dict, rung: str, shape: tuple[int, int, int], dtype: torch.dtype, rounds: int) -> dict:
-    """Median seconds per call of torch.matmul and of `rung` in each build, per round."""
+def compare_shape(builds: dict, rung: str, shape: tuple[int, int, int], dtype: torch.dtype, rounds: int,
+                  baseline_rung: str | None = None) -> dict:
+    """Median seconds per call of torch.matmul and of `rung` in each build (the
+    baseline's `baseline_rung` if given), per round."""
     m, n, k = shape
     inputs = rotated_inputs(m, n, k, dtype)
     sets = len(inputs)
@@ -51,7 +61,8 @@ def compare_shape(builds: dict, rung: str, shape: tuple[int, int, int], dtype: t
     reference = torch.matmul(inputs[0][0].float(), inputs[0][1].float())
     runners = {"torch.matmul": lambda i: torch.matmul(*inputs[i % sets], out=out)}
     for label, pm in builds.items():
-        runners[label] = (lambda pm: lambda i: run_variant(pm, rung, *inputs[i % sets], out))(pm)
+        name = baseline_rung if label == "baseline" and baseline_rung else rung
+        runners[label] = (lambda pm, name: lambda i: run_variant(pm, name, *inputs[i % sets], out))(pm, name)
     errors, calls = {}, {}
     for label, fn in runners.items():
         out.fill_(float("nan"))
@@ -77,6 +88,7 @@ def main() -> int:
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--baseline-rung", help="the rung the baseline runs (default: each of --rungs)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -85,12 +97,17 @@ def main() -> int:
             parser.error(f"{folder} holds no build (no torch-* variant folder; `kernelpress build` writes one)")
     if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
         parser.error(f"--dtype {args.dtype!r} is not a torch dtype (bfloat16, float16, ...)")
-    builds = {"baseline": load_build(args.baseline)}
-    for folder in args.candidates:
-        builds[str(folder)] = load_build(folder)
+    if args.baseline_rung and args.baseline_rung in args.rungs:
+        parser.error(f"--baseline-rung {args.baseline_rung} is also among --rungs: nothing to compare")
+    loaded = {}  # one module per folder, loaded once
+    builds = {}
+    for label, folder in [("baseline", args.baseline), *((str(f), f) for f in args.candidates)]:
+        key = folder.resolve()
+        builds[label] = loaded[key] if key in loaded else loaded.setdefault(key, load_build(folder))
     names = [pm.__name__ for pm in builds.values()]
-    if len(set(names)) != len(names):
-        parser.error(f"two folders hold the same build ({', '.join(names)}): nothing to compare")
+    if len(set(names)) != len(names) and not args.baseline_rung:
+        parser.error(f"two folders hold the same build ({', '.join(names)}): nothing to compare "
+                     "(--baseline-rung compares two rungs of one build)")
     dtype = getattr(torch, args.dtype)
     shapes = [parse_shape(s) for s in args.shapes]
     candidates = [str(folder) for folder in args.candidates]
@@ -98,22 +115,35 @@ def main() -> int:
     print("\n".join(environment_lines(environment(builds[candidates[0]], "kernels.get_local_kernel"))))
     for label, pm in builds.items():
         print(f"- {'baseline: ' + str(args.baseline) if label == 'baseline' else 'candidate: ' + label} ({pm.__name__})")
+    if args.baseline_rung:
+        print(f"- the baseline runs {args.baseline_rung}; the candidates run the rung named in each row")
     print(f"- {args.rounds} rounds per shape, columns shuffled per round; dtype {args.dtype}\n")
     print("| rung | M x N x K | candidate | baseline / candidate time (median) | min - max over rounds | "
           "baseline / torch | candidate / torch | rel. error (baseline, candidate) |")
     print("|---|---|---|---:|---:|---:|---:|---|")
+    medians = {}  # (rung, candidate) -> median ratio per shape
     for rung in args.rungs:
         for shape in shapes:
-            result = compare_shape(builds, rung, shape, dtype, args.rounds)
+            result = compare_shape(builds, rung, shape, dtype, args.rounds, args.baseline_rung)
             t, e = result["times"], result["errors"]
             torch_s = statistics.median(t["torch.matmul"])
             for label in candidates:
                 ratios = [b / c for b, c in zip(t["baseline"], t[label])]  # > 1: the candidate is faster
+                medians.setdefault((rung, label), []).append(statistics.median(ratios))
                 print(f"| {rung} | {'x'.join(map(str, shape))} | {label} | {statistics.median(ratios):.3f} | "
                       f"{min(ratios):.3f} - {max(ratios):.3f} | {torch_s / statistics.median(t['baseline']):.3f} | "
                       f"{torch_s / statistics.median(t[label]):.3f} | {e['baseline']:.1e}, {e[label]:.1e} |",
                       flush=True)
+    print(f"\n| rung | candidate | geometric mean of baseline / candidate over {len(shapes)} shapes |")
+    print("|---|---|---:|")
+    for (rung, label), values in medians.items():
+        print(f"| {rung} | {label} | {geomean(values):.3f} |")
     return 0
+
+
+def geomean(values: list[float]) -> float:
+    """The geometric mean of positive numbers."""
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 if __name__ == "__main__":

@@ -66,3 +66,29 @@ def test_compare_builds_names_a_bad_dtype(variant_dir, repo_root, subprocess_env
     result = _compare_builds(repo_root, subprocess_env, build, "--candidates", build, "--dtype", "bfloat17")
     assert result.returncode == 2
     assert "'bfloat17' is not a torch dtype" in result.stderr
+
+
+def test_compare_builds_refuses_a_baseline_rung_among_the_rungs(variant_dir, repo_root, subprocess_env):
+    build = str(variant_dir.parent)
+    result = _compare_builds(repo_root, subprocess_env, build, "--candidates", build, "--baseline-rung", "tiled",
+                             "--rungs", "tiled", "persistent")
+    assert result.returncode == 2
+    assert "--baseline-rung tiled is also among --rungs" in result.stderr
+
+
+def test_compare_builds_takes_two_rungs_of_one_build(variant_dir, repo_root, subprocess_env):
+    """With --baseline-rung the same folder may be baseline and candidate: the
+    refusal of one build against itself no longer applies (without a GPU the
+    script then stops where it first needs one)."""
+    build = str(variant_dir.parent)
+    result = _compare_builds(repo_root, subprocess_env, build, "--candidates", build, "--baseline-rung", "tiled",
+                             "--rungs", "persistent")
+    assert "hold the same build" not in result.stderr
+    assert "is also among --rungs" not in result.stderr
+
+
+def test_geomean():
+    from compare_builds import geomean
+
+    assert abs(geomean([1.0, 4.0]) - 2.0) < 1e-12
+    assert abs(geomean([0.5, 2.0, 1.0]) - 1.0) < 1e-12
