@@ -33,9 +33,9 @@ struct MatmulProblem {
   // sets it back to zero as it ends: claim_tile_index).
   int32_t tile_order = 0;
   uint32_t* tile_counter = nullptr;
-  // `wgmma_persistent` only: 1 (no clusters, the default: measured faster), or
-  // 2 (CTA pairs share B by TMA multicast; 0.58x as fast on the H200 so far).
-  int32_t cluster_size = 1;
+  // `wgmma_persistent` only: 1 (no clusters), 2 (CTA pairs share B by TMA
+  // multicast), or 0 (the default: the launch picks, hopper::cluster_size_for).
+  int32_t cluster_size = 0;
 };
 
 // How the tensor-core rungs cut a problem into output tiles on this device.
@@ -67,5 +67,15 @@ TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device);
 cudaError_t launch_wgmma(const MatmulProblem& problem, cudaStream_t stream);
 cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t stream);
 TileConfig wgmma_tile_config(int64_t m, int64_t n, int device);
+
+// The rows of every wgmma tile (wgmma_launch.cuh checks it).
+constexpr int64_t kWgmmaTileRows = 128;
+// wgmma_persistent's cluster size where the caller leaves it open
+// (cluster_size 0): pairs of vertically adjacent tiles sharing B, unless the
+// output has a single row of tiles, where every pair's second CTA would only
+// pass B on. On the H200 (2026-11-30, benchmarks/NOTES.md) pairs ran at
+// 1.00-1.04x the speed of single CTAs at the large benchmark shapes and
+// 1.07-1.11x at 3000^3.
+inline int32_t wgmma_cluster_size_for(int64_t m) { return m > kWgmmaTileRows ? 2 : 1; }
 
 }  // namespace persistent_matmul

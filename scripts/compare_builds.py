@@ -51,11 +51,14 @@ def load_build(folder: Path):
 
 
 def compare_shape(builds: dict, rung: str, shape: tuple[int, int, int], dtype: torch.dtype, rounds: int,
-                  baseline_rung: str | None = None) -> dict:
+                  baseline_rung: str | None = None, b_kmajor: bool = False) -> dict:
     """Median seconds per call of torch.matmul and of `rung` in each build (the
-    baseline's `baseline_rung` if given), per round."""
+    baseline's `baseline_rung` if given), per round. `b_kmajor`: B is the
+    transpose of a contiguous N x K tensor (a linear layer's weight)."""
     m, n, k = shape
     inputs = rotated_inputs(m, n, k, dtype)
+    if b_kmajor:
+        inputs = [(a, b.t().contiguous().t()) for a, b in inputs]
     sets = len(inputs)
     out = torch.empty(m, n, device="cuda", dtype=dtype)
     reference = torch.matmul(inputs[0][0].float(), inputs[0][1].float())
@@ -89,6 +92,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--baseline-rung", help="the rung the baseline runs (default: each of --rungs)")
+    parser.add_argument("--b-kmajor", action="store_true",
+                        help="B as a linear layer's weight (K contiguous) instead of row-major K x N")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -117,14 +122,15 @@ def main() -> int:
         print(f"- {'baseline: ' + str(args.baseline) if label == 'baseline' else 'candidate: ' + label} ({pm.__name__})")
     if args.baseline_rung:
         print(f"- the baseline runs {args.baseline_rung}; the candidates run the rung named in each row")
-    print(f"- {args.rounds} rounds per shape, columns shuffled per round; dtype {args.dtype}\n")
+    layout = "K-major (a linear layer's weight)" if args.b_kmajor else "row-major K x N"
+    print(f"- {args.rounds} rounds per shape, columns shuffled per round; dtype {args.dtype}; B {layout}\n")
     print("| rung | M x N x K | candidate | baseline / candidate time (median) | min - max over rounds | "
           "baseline / torch | candidate / torch | rel. error (baseline, candidate) |")
     print("|---|---|---|---:|---:|---:|---:|---|")
     medians = {}  # (rung, candidate) -> median ratio per shape
     for rung in args.rungs:
         for shape in shapes:
-            result = compare_shape(builds, rung, shape, dtype, args.rounds, args.baseline_rung)
+            result = compare_shape(builds, rung, shape, dtype, args.rounds, args.baseline_rung, args.b_kmajor)
             t, e = result["times"], result["errors"]
             torch_s = statistics.median(t["torch.matmul"])
             for label in candidates:

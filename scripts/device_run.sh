@@ -139,15 +139,15 @@ profile() {
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per" "$OUT/ncu.txt" | head -30
 }
 
-# Nsight Compute on wgmma_persistent without and with 2-CTA clusters at 4096^3:
-# one launch of each after a warm one (the workload runs c1 c1 c2 c2).
+# Nsight Compute on wgmma_persistent with and without 2-CTA clusters at 4096^3:
+# one launch of each after a warm one (the workload runs c2 c2 c1 c1).
 profile_hopper() {
   local ncu
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   timeout 180 "$ncu" --clock-control none -k 'regex:wgmma_persistent_kernel' --launch-skip 1 --launch-count 3 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section LaunchStats \
-    "$PY" scripts/profile_workload.py --repeat 2 --shape 4096x4096x4096 wgmma_persistent wgmma_persistent-cluster2 \
+    "$PY" scripts/profile_workload.py --repeat 2 --shape 4096x4096x4096 wgmma_persistent wgmma_persistent-cluster1 \
     >"$OUT/ncu_hopper.txt" 2>&1
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Cluster Size|Grid Size|Stall|No Eligible|Issued Warp" \
     "$OUT/ncu_hopper.txt" | head -60

@@ -1,5 +1,5 @@
 """A workload for Nsight Compute: a few launches of the named rungs (or rung
-variants, as the benchmark names them: wgmma_persistent-cluster2, persistent-grouped)
+variants, as the benchmark names them: wgmma_persistent-cluster1, persistent-grouped)
 at one shape; "torch.matmul" among them launches cuBLAS's kernel, to profile beside ours.
 
     ncu --clock-control none -k regex:"tiled_kernel|persistent_kernel" --launch-skip 2 \\

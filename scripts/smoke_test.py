@@ -1,6 +1,6 @@
 """A quick check of one rung on this GPU: a few products, small and large, both B layouts.
 
-    python scripts/smoke_test.py RUNG   (or a variant: persistent-grouped, wgmma_persistent-cluster2)
+    python scripts/smoke_test.py RUNG   (or a variant: persistent-grouped, wgmma_persistent-cluster1)
 
 Meant to run under `timeout` before the long steps (scripts/device_run.sh), so a
 kernel that hangs or returns garbage is found in seconds. Exits 1 if any product's

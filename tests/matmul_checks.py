@@ -234,18 +234,22 @@ REPO_ID = "persistent-matmul/persistent-matmul"
 # The benchmark's extra "<persistent rung>-<order>" columns: the tile orders
 # other than the package's default (dynamic).
 TILE_ORDER_VARIANTS = ("grouped", "hilbert")
-CLUSTER_VARIANT = "cluster2"  # "wgmma_persistent-cluster2": CTA pairs sharing B by multicast
+# "wgmma_persistent-cluster1": single CTAs (the default runs CTA pairs sharing B
+# by multicast wherever the output has more than one row of tiles).
+CLUSTER_VARIANT = "cluster1"
+CLUSTER_SIZES = {"cluster1": 1, "cluster2": 2}
 
 
 def run_variant(pm, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """a @ b into out through a rung ("persistent") or a variant of one, as the
     benchmark and profile scripts name them: "<rung>-<tile order>" (any of the
-    package's TILE_ORDERS, for a persistent rung) or "wgmma_persistent-cluster2"."""
+    package's TILE_ORDERS, for a persistent rung) or "wgmma_persistent-cluster1" /
+    "wgmma_persistent-cluster2" (single CTAs / CTA pairs, whatever the kernel would pick)."""
     rung, _, variant = name.partition("-")
     if not variant:
         return pm.matmul(a, b, kernel=rung, out=out)
-    if variant == CLUSTER_VARIANT:
-        return pm._matmul._run(a, b, None, out, rung, cluster_size=2)
+    if variant in CLUSTER_SIZES:
+        return pm._matmul._run(a, b, None, out, rung, cluster_size=CLUSTER_SIZES[variant])
     if variant in pm._matmul.TILE_ORDERS:
         return pm._matmul._run(a, b, None, out, rung, tile_order=variant)
     raise ValueError(f"unknown variant {variant!r} in {name!r}")

@@ -190,17 +190,44 @@ def test_wgmma_persistent_grid_is_one_cta_per_sm(pm):
     assert cfg["persistent_ctas"] == sms
 
 
+@pytest.mark.parametrize("m, n", [(129, 300), (1000, 4104), (4096, 4096)])
+def test_wgmma_persistent_runs_pairs_by_default(pm, m, n):
+    """With more than one row of tiles the default launch runs CTA pairs: the
+    timeline shows tiles (2i, j) and (2i + 1, j) on CTAs 2c and 2c + 1 of one
+    cluster, which single CTAs in the dynamic order would not keep to."""
+    skip_unless_runs(pm, "wgmma_persistent")
+    a, b = random_operands(m, n, 256, torch.bfloat16, "cuda")
+    out, timeline = pm.matmul_timeline(a, b, kernel="wgmma_persistent")
+    torch.cuda.synchronize()
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+    cta = {(int(r[0]), int(r[1])): int(r[3]) for r in timeline.cpu()}
+    assert len(cta) == timeline.shape[0] and min(cta.values()) >= 0
+    for (tile_m, tile_n), c in cta.items():
+        assert c % 2 == tile_m % 2, f"tile ({tile_m}, {tile_n}) on CTA {c}"
+        partner = (tile_m ^ 1, tile_n)
+        if partner in cta:
+            assert cta[partner] == c ^ 1, f"tiles ({tile_m}, {tile_n}) and {partner} not in one cluster"
+
+
+def test_wgmma_persistent_rejects_a_bad_cluster_size(pm):
+    skip_unless_runs(pm, "wgmma_persistent")
+    a, b = random_operands(256, 256, 64, torch.bfloat16, "cuda")
+    with pytest.raises(RuntimeError, match="cluster_size must be 0"):
+        pm._matmul._run(a, b, None, None, "wgmma_persistent", cluster_size=3)
+
+
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (129, 300, 70), (384, 512, 200), (1000, 4104, 333)])
 def test_wgmma_persistent_in_clusters_of_two(pm, m, n, k):
-    """The cluster option (pairs of CTAs multicasting B), odd and even tile rows."""
+    """CTA pairs (multicasting B) forced, and single CTAs forced, odd and even tile rows."""
     skip_unless_runs(pm, "wgmma_persistent")
     for b_kmajor in (False, True):
         a, b = random_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=b_kmajor)
-        out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
-        pm._matmul._run(a, b, None, out, "wgmma_persistent", cluster_size=2)
-        torch.cuda.synchronize()
-        assert nan_count(out) == 0
-        assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+        for cluster_size in (2, 1):
+            out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+            pm._matmul._run(a, b, None, out, "wgmma_persistent", cluster_size=cluster_size)
+            torch.cuda.synchronize()
+            assert nan_count(out) == 0
+            assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
 
 
 CHUNKED_RUNGS = [("tiled", torch.bfloat16), ("tiled", torch.float16), ("persistent", torch.bfloat16),

@@ -226,15 +226,20 @@ void wgmma_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bia
 
 void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                          const std::optional<Tensor>& timeline, int64_t tile_order, int64_t cluster_size) {
-  STD_TORCH_CHECK(cluster_size == 1 || cluster_size == 2,
-                  "persistent_matmul: cluster_size must be 1 or 2, got ", cluster_size);
-  STD_TORCH_CHECK(cluster_size == 1 || tile_order != 2,
-                  "persistent_matmul: the dynamic tile order runs without clusters (cluster_size=1)");
+  STD_TORCH_CHECK(cluster_size >= 0 && cluster_size <= 2,
+                  "persistent_matmul: cluster_size must be 0 (the kernel picks), 1 or 2, got ", cluster_size);
+  STD_TORCH_CHECK(cluster_size != 2 || tile_order != 2,
+                  "persistent_matmul: the dynamic tile order runs without clusters (cluster_size=1, or 0 to let "
+                  "the kernel pick)");
   MatmulProblem problem = describe(a, b, bias, out);
   check_hopper(a.get_device_index());
   prepare_tensor_core(problem, a, timeline, persistent_matmul::wgmma_tile_config);
+  problem.cluster_size =
+      cluster_size == 0 ? persistent_matmul::wgmma_cluster_size_for(problem.m) : static_cast<int32_t>(cluster_size);
+  // Pairs walk a static order: where the kernel picks them, the dynamic order
+  // runs as grouped, and no counter is looked up.
+  if (problem.cluster_size == 2 && tile_order == 2) tile_order = 0;
   const auto counter = set_tile_order(problem, a, tile_order);
-  problem.cluster_size = static_cast<int32_t>(cluster_size);
   launch_on_stream(persistent_matmul::launch_wgmma_persistent, problem, a.get_device_index());
 }
 
@@ -258,7 +263,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("wgmma(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
   ops.def(
       "wgmma_persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=2, "
-      "int cluster_size=1) -> ()");
+      "int cluster_size=0) -> ()");
   ops.def("tile_config(int m, int n, int device, bool hopper=False) -> int[]");
 }
 

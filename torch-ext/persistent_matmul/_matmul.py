@@ -89,14 +89,16 @@ DEFAULT_TILE_ORDER = "dynamic"
 
 def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
          kernel: str, names: tuple[str, str] = ("a", "b"), timeline: torch.Tensor | None = None,
-         tile_order: str | None = None, cluster_size: int = 1) -> torch.Tensor:
+         tile_order: str | None = None, cluster_size: int | None = None) -> torch.Tensor:
     """a (M x K) @ b (K x N) (+ bias) into out, after the per-argument checks.
 
     ``names`` are the caller's names for a and b, used in error messages.
-    ``cluster_size`` is wgmma_persistent's (1: no clusters, the default; 2: CTA
-    pairs share B by TMA multicast, measured slower), for benchmarks; other
-    rungs ignore it. ``tile_order`` None is DEFAULT_TILE_ORDER, or "grouped" in
-    clusters (the dynamic order runs without them).
+    ``cluster_size`` is wgmma_persistent's, for benchmarks and tests: None
+    (the kernel picks: CTA pairs wherever the output has more than one row of
+    tiles), 1 (no clusters) or 2 (CTA pairs share B by TMA multicast); other
+    rungs ignore it. ``tile_order`` None is DEFAULT_TILE_ORDER, or "grouped"
+    with cluster_size 2; pairs of CTAs walk a static order, so where the kernel
+    picks pairs, the dynamic order runs as grouped.
     """
     _check_kernel_name(kernel)
     named = {names[0]: a, names[1]: b}
@@ -120,9 +122,9 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
     if rung.chunk_elements:
         a, b = kernel_operands(a, b, rung.chunk_elements)
     if tile_order is None:
-        tile_order = "grouped" if cluster_size > 1 else DEFAULT_TILE_ORDER
+        tile_order = "grouped" if cluster_size == 2 else DEFAULT_TILE_ORDER
     if rung.name == "wgmma_persistent":
-        ops.wgmma_persistent(a, b, bias, out, timeline, TILE_ORDERS[tile_order], cluster_size)
+        ops.wgmma_persistent(a, b, bias, out, timeline, TILE_ORDERS[tile_order], cluster_size or 0)
     elif rung.takes_tile_order:
         getattr(ops, rung.op_name)(a, b, bias, out, timeline, TILE_ORDERS[tile_order])
     elif rung.has_timeline:

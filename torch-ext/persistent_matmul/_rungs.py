@@ -93,8 +93,8 @@ RUNGS: dict[str, Rung] = {
             dtypes=HALF_DTYPES,
             min_capability=(9, 0),
             exact_capability=(9, 0),
-            summary="the wgmma CTA, one wave looping over tiles; the producer loads the next tile during the epilogue "
-                    "(2-CTA clusters with B multicast as an option, cluster_size=2)",
+            summary="the wgmma CTA, one wave looping over tiles in 2-CTA clusters that share B by TMA multicast; "
+                    "the producer loads the next tile during the epilogue",
             chunk_elements=8,
             has_timeline=True,
             takes_tile_order=True,
