@@ -4,9 +4,12 @@
 
 For each rung with a timeline (default: every available one), in its default
 tile order or ORDER (a persistent rung's "hilbert" or "dynamic"): CTAs and SMs that
-ran tiles, tiles per CTA, median tile time, the makespan, and how many tiles ran
-at once at most and on average: a grid that cannot be resident at once shows
-as a concurrency well under the CTA count.
+ran tiles, tiles per CTA, median tile time, the median gap between one CTA's
+consecutive tiles (from one tile's stored results to the next tile's first
+k-block), the makespan, and how many tiles ran at once at most and on average:
+a grid that cannot be resident at once shows as a concurrency well under the
+CTA count. Median tile times at two depths K of one M x N give the per-tile
+cost that does not grow with K (epilogue, pipeline fill) by extrapolation.
 """
 
 from __future__ import annotations
@@ -48,9 +51,16 @@ def main() -> int:
         busy = int((end - start).sum())
         per_cta = torch.bincount(t[:, 3]).float()
         per_cta = per_cta[per_cta > 0]
+        gaps = []
+        for cta in set(t[:, 3].tolist()):
+            rows = t[t[:, 3] == cta]
+            rows = rows[rows[:, 4].argsort()]
+            gaps += (rows[1:, 4] - rows[:-1, 5]).tolist()
+        gap = f"{float(torch.tensor(gaps).float().median()) / 1e3:.2f} us" if gaps else "-"
         print(f"{name} {m}x{n}x{k}: {t.shape[0]} tiles on {len(set(t[:, 3].tolist()))} CTAs, "
               f"{len(set(t[:, 2].tolist()))} SMs; tiles per CTA {int(per_cta.min())}..{int(per_cta.max())}; "
-              f"median tile {float((end - start).float().median()) / 1e3:.1f} us; makespan {makespan / 1e3:.1f} us; "
+              f"median tile {float((end - start).float().median()) / 1e3:.2f} us; median gap {gap}; "
+              f"makespan {makespan / 1e3:.1f} us; "
               f"tiles at once: peak {peak}, mean {busy / max(makespan, 1):.1f}", flush=True)
     return 0
 

@@ -24,6 +24,14 @@ TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent",
                  ("wgmma_persistent", "hilbert"), ("wgmma_persistent", "dynamic")]
 
 
+def more_tiles_than_ctas(pm, kernel, m, n):
+    """Asserts that the persistent grid cannot hold every tile of m x n: otherwise
+    the binding runs the dynamic order as grouped (identical assignment), and a
+    test of the counter would test nothing."""
+    cfg = pm.tile_config(m, n, kernel=kernel)
+    assert cfg["tiles"] > cfg["persistent_ctas"], cfg
+
+
 def skip_unless_runs(pm, kernel):
     info = pm.available_kernels()[kernel]
     if not info.available:
@@ -69,13 +77,15 @@ def test_dynamic_order_starts_afresh_every_call(pm, kernel):
     """The dynamic order's tile counter is new for each launch: back-to-back calls, on
     the default and on a side stream, all compute every tile (bit-exact, no poison left)."""
     skip_unless_runs(pm, kernel)
-    a, b = exact_int_operands(1000, 2100, 320, torch.bfloat16, "cuda")
-    outs = [poison(torch.empty(1000, 2100, dtype=torch.bfloat16, device="cuda")) for _ in range(4)]
+    m, n = 2000, 4200
+    more_tiles_than_ctas(pm, kernel, m, n)
+    a, b = exact_int_operands(m, n, 320, torch.bfloat16, "cuda")
+    outs = [poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda")) for _ in range(4)]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())  # the operands and poison are written
     for i, out in enumerate(outs):
         with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
-            pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic")
+            pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic", cluster_size=1)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     for i, out in enumerate(outs):
@@ -88,16 +98,17 @@ def test_dynamic_order_in_a_cuda_graph(pm, kernel):
     zeroed on every replay: replays with new inputs, interleaved with eager calls on
     the same stream, all compute every tile."""
     skip_unless_runs(pm, kernel)
-    m, n, k = 700, 1500, 192
+    m, n, k = 1800, 3000, 192
+    more_tiles_than_ctas(pm, kernel, m, n)
     a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
     out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic")  # warm-up: tensor maps, occupancy
+        pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic", cluster_size=1)  # warm-up: tensor maps, occupancy
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic")
+            pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic", cluster_size=1)
         for replay in range(3):
             a2, b2 = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
             a.copy_(a2)
@@ -105,7 +116,7 @@ def test_dynamic_order_in_a_cuda_graph(pm, kernel):
             out.copy_(poison(torch.empty_like(out)))
             graph.replay()
             eager = poison(torch.empty_like(out))
-            pm._matmul._run(a, b, None, eager, kernel, tile_order="dynamic")
+            pm._matmul._run(a, b, None, eager, kernel, tile_order="dynamic", cluster_size=1)
             stream.synchronize()
             assert check_exact(out, a, b) == 0, f"replay {replay}: wrong or missing tiles"
             assert check_exact(eager, a, b) == 0, f"eager call after replay {replay}: wrong or missing tiles"
