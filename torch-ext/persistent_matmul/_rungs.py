@@ -104,10 +104,11 @@ RUNGS: dict[str, Rung] = {
 }
 
 # Best first: `kernel="auto"` takes the first available rung that takes the dtype.
-# Measured on the H200 (benchmarks/results/2026-11-29-hopper-benchmark.md, geomean
-# ratio to torch.matmul over the 11 benchmark shapes): wgmma 0.753 before
-# wgmma_persistent 0.720 (Hopper only), tiled 0.426 before persistent 0.409.
-AUTO_ORDER = ("wgmma", "wgmma_persistent", "tiled", "persistent", "warptiled", "naive")
+# Measured on the H200, timed interleaved in one process over the 11 benchmark
+# shapes (benchmarks/results/2026-11-30-cluster-pairs.md): wgmma_persistent in CTA
+# pairs 1.010x the speed of wgmma (geomean; 1.06x at 8192x8192x1024, 1.09x at
+# 3000^3), persistent 0.982x of tiled.
+AUTO_ORDER = ("wgmma_persistent", "wgmma", "tiled", "persistent", "warptiled", "naive")
 
 
 @dataclass(frozen=True)
