@@ -24,6 +24,16 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// A 4-byte store to / load from shared memory at a shared-window address.
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t value) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(value) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t value;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(value) : "r"(addr) : "memory");
+  return value;
+}
+
 // mbarriers: `full` barriers complete when TMA has written a stage (one
 // arrival plus the stage's bytes), `empty` barriers when every consumer
 // warpgroup has finished reading it.
