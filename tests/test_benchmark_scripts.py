@@ -92,3 +92,10 @@ def test_geomean():
 
     assert abs(geomean([1.0, 4.0]) - 2.0) < 1e-12
     assert abs(geomean([0.5, 2.0, 1.0]) - 1.0) < 1e-12
+
+
+def test_sustained_run_refuses_no_time(repo_root, subprocess_env):
+    result = subprocess.run([sys.executable, str(SCRIPTS / "sustained_run.py"), "--seconds", "0"], cwd=repo_root,
+                            env=subprocess_env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "--seconds must be positive" in result.stderr
