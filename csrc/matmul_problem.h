@@ -34,7 +34,7 @@ struct MatmulProblem {
   int32_t tile_order = 0;
   uint32_t* tile_counter = nullptr;
   // `wgmma_persistent` only: 1 (no clusters), 2 (CTA pairs share B by TMA
-  // multicast), or 0 (the default: the launch picks, hopper::cluster_size_for).
+  // multicast), or 0 (the default: the launch picks, wgmma_cluster_size_for).
   int32_t cluster_size = 0;
 };
 

@@ -14,8 +14,9 @@
 // more than one row of tiles: wgmma_cluster_size_for) the CTAs run in
 // pairs on vertically adjacent tiles, which need the same slice of B: each
 // loads half and multicasts it to both, halving B's L2 reads. On the H200
-// that is 1.04x the speed of single CTAs (geometric mean over seven large
-// shapes, 2026-11-30). Pairs walk the grouped (or Hilbert) order of tile
+// that is 1.00-1.04x the speed of single CTAs at the large benchmark shapes
+// (1.07-1.11x at 3000^3; sustained, a 2-3% higher SM clock at the power
+// limit), 2026-11-30. Pairs walk the grouped (or Hilbert) order of tile
 // pairs; the dynamic order is the single CTAs'.
 #include "wgmma_launch.cuh"
 

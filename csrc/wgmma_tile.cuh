@@ -398,7 +398,9 @@ __device__ __forceinline__ void stage_box(const MatmulProblem& p, char* buffer, 
   float bias0[8], bias1[8];
   if (bias != nullptr) {
 #pragma unroll
-    for (int block = 0; block < 8; ++block) bias_pair(bias, col0 + (box * 8 + block) * 8, p.n, bias0[block], bias1[block]);
+    for (int block = 0; block < 8; ++block) {
+      bias_pair(bias, col0 + (box * 8 + block) * 8, p.n, bias0[block], bias1[block]);
+    }
   } else {
 #pragma unroll
     for (int block = 0; block < 8; ++block) bias0[block] = bias1[block] = 0.0f;

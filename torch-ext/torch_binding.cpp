@@ -226,7 +226,8 @@ void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>
                    const std::optional<Tensor>& timeline, int64_t tile_order) {
   MatmulProblem problem = describe(a, b, bias, out);
   prepare_tensor_core(problem, a, timeline);
-  tile_order = order_worth_running(tile_order, problem, a.get_device_index(), persistent_matmul::tensor_core_tile_config);
+  tile_order =
+      order_worth_running(tile_order, problem, a.get_device_index(), persistent_matmul::tensor_core_tile_config);
   const auto counter = set_tile_order(problem, a, tile_order);
   launch_on_stream(persistent_matmul::launch_persistent, problem, a.get_device_index());
 }
