@@ -82,7 +82,9 @@ def kernel_operands(a: torch.Tensor, b: torch.Tensor, chunk: int) -> tuple[torch
 # fourth session) it is as fast as grouped within the runs' noise on most of the
 # 11 benchmark shapes and faster where the last wave is ragged (4097^3: 1.2x for
 # persistent, 1.03x for wgmma_persistent; 3000^3: 1.14x for wgmma_persistent),
-# at no host cost now that its counter is kept per stream.
+# at no host cost now that its counter is kept per stream. The binding runs it
+# as grouped where a grid holds every tile and for wgmma_persistent's CTA pairs
+# (its default wherever the output has more than one row of tiles).
 TILE_ORDERS = {"grouped": 0, "hilbert": 1, "dynamic": 2}
 DEFAULT_TILE_ORDER = "dynamic"
 
@@ -222,6 +224,9 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
 
     ``tile_order`` ("grouped", "hilbert" or "dynamic") is the persistent
     rungs' tile order; the one-CTA-per-tile rungs always run in grouped order.
+    "dynamic" runs as grouped where it would assign the same tiles (a grid
+    that holds every tile) and for wgmma_persistent's CTA pairs, which walk a
+    static order.
 
     Returns (out, timeline): timeline is int64 [tiles, 6], one row per output
     tile with the columns of TIMELINE_COLUMNS, read from %smid and
