@@ -94,6 +94,11 @@ def time_per_call(fn, calls_per_batch: int, batches: int) -> float:
     return statistics.median(times)
 
 
+def geomean(values: list[float]) -> float:
+    """The geometric mean of positive numbers."""
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def calls_per_batch(seconds_per_call: float) -> int:
     """Calls in a batch of about 2 ms (1 to 200), so CUDA events time a batch, not one launch."""
     return max(1, min(200, int(2e-3 / max(seconds_per_call, 1e-7))))
@@ -213,7 +218,7 @@ def markdown(env: dict, rows: list[dict], columns: list[str], floors: dict[str, 
         for c in columns:
             ratios = [r["results"][c]["ratio"] for r in sub if "ratio" in r["results"].get(c, {})]
             if ratios:
-                lines.append(f"\ngeomean ratio to torch.matmul, {c}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}"
+                lines.append(f"\ngeomean ratio to torch.matmul, {c}: {geomean(ratios):.3f}"
                              f" over {len(ratios)} shapes")
         spreads = [(x["spread"], c, f"{r['m']}x{r['n']}x{r['k']}") for r in sub
                    for c, x in r["results"].items() if "spread" in x]
@@ -225,8 +230,7 @@ def markdown(env: dict, rows: list[dict], columns: list[str], floors: dict[str, 
             speedups = [r["results"][p_name]["tflops"] / r["results"][t_name]["tflops"] for r in sub
                         if "tflops" in r["results"].get(p_name, {}) and "tflops" in r["results"].get(t_name, {})]
             if speedups:
-                lines.append(f"geomean {p_name} / {t_name}: "
-                             f"{math.exp(sum(map(math.log, speedups)) / len(speedups)):.3f}")
+                lines.append(f"geomean {p_name} / {t_name}: {geomean(speedups):.3f}")
         lines.append("")
     return "\n".join(lines)
 

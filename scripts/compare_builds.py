@@ -26,7 +26,6 @@ may then be the baseline's own folder):
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import sys
@@ -36,7 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from benchmark_table import calls_per_batch, parse_shape, rotated_inputs, time_per_call, warm_up_gpu  # noqa: E402
+from benchmark_table import (  # noqa: E402
+    calls_per_batch, geomean, parse_shape, rotated_inputs, time_per_call, warm_up_gpu)
 from matmul_checks import environment, environment_lines, rel_error, run_variant  # noqa: E402
 
 DEFAULT_SHAPES = ["4096x4096x4096", "8192x8192x8192", "4096x11008x4096", "4096x4096x11008", "8192x8192x1024",
@@ -107,8 +107,9 @@ def main() -> int:
     loaded = {}  # one module per folder, loaded once
     builds = {}
     for label, folder in [("baseline", args.baseline), *((str(f), f) for f in args.candidates)]:
-        key = folder.resolve()
-        builds[label] = loaded[key] if key in loaded else loaded.setdefault(key, load_build(folder))
+        if folder.resolve() not in loaded:
+            loaded[folder.resolve()] = load_build(folder)
+        builds[label] = loaded[folder.resolve()]
     names = [pm.__name__ for pm in builds.values()]
     if len(set(names)) != len(names) and not args.baseline_rung:
         parser.error(f"two folders hold the same build ({', '.join(names)}): nothing to compare "
@@ -145,11 +146,6 @@ def main() -> int:
     for (rung, label), values in medians.items():
         print(f"| {rung} | {label} | {geomean(values):.3f} |")
     return 0
-
-
-def geomean(values: list[float]) -> float:
-    """The geometric mean of positive numbers."""
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 if __name__ == "__main__":
