@@ -3,13 +3,15 @@
 //
 // * Global -> shared: cp.async 16-byte copies into a STAGES-deep ring of
 //   shared-memory buffers, so the loads of k-tile i+STAGES-1 are in flight while
-//   k-tile i is multiplied. Interior tiles (inside M and N, K a multiple of
-//   BK: most tiles of a large problem) copy every chunk with a bare cp.async.
-//   Edge tiles check each chunk: what lies past the edges of M, N and K is
-//   zeros in shared memory (copy_chunk_16: a chunk cut by an edge is read
-//   element by element, a chunk past an edge is not read), so the math needs
-//   no bounds checks. The two kinds are two instantiations of the same code
-//   (the FULL template flag), picked per tile.
+//   k-tile i is multiplied. Interior tiles (inside M and N: most tiles of a
+//   large problem) copy every chunk with a bare cp.async; where K ends in a
+//   partial k-tile they multiply that one first, its copies checked in the
+//   prologue, so the mainloop still copies whole k-tiles only. Edge tiles
+//   check each chunk: what lies past the edges of M, N and K is zeros in
+//   shared memory (copy_chunk_16: a chunk cut by an edge is read element by
+//   element, a chunk past an edge is not read), so the math needs no bounds
+//   checks. The two kinds are two instantiations of the same code (the FULL
+//   template flag), picked per tile.
 // * Shared memory is XOR-swizzled per 16-byte chunk, so the cp.async writes and
 //   the ldmatrix reads of 8 rows hit 8 different bank groups (no conflicts).
 // * Shared -> registers: ldmatrix (.trans for a B tile stored N-major), one
@@ -281,20 +283,19 @@ struct Tile {
         }
       }
     }
-    // Share `part` (of `parts`) of this thread's copies of k-tile kt into the
-    // stage at shared address `stage` (part and parts are constants where the
-    // mainloop is unrolled, and what depends only on kt is computed once for
-    // all parts): the mainloop spreads one k-tile's copies over its mma
-    // k-steps. A k-tile past K reads nothing and zero-fills its stage (FULL:
-    // leaves it alone, as nothing reads it).
-    template <bool FULL>
-    __device__ __forceinline__ void issue(const TileOperands& op, uint32_t stage, int kt, int part,
-                                          int parts) const {
-      if constexpr (FULL) {
-        issue_whole(op, stage, a.kt_src(kt, S::BK * 2), b.kt_src(kt, b_ktile_bytes(op)),
-                    int64_t(kt) * S::BK < op.k, part, parts);
-        return;
-      }
+    // An interior tile's whole k-tile kt (all of it, or nothing if it is not
+    // whole: a tail k-tile or one past K).
+    __device__ __forceinline__ void issue_whole_ktile(const TileOperands& op, uint32_t stage, int kt) const {
+      issue_whole(op, stage, a.kt_src(kt, S::BK * 2), b.kt_src(kt, b_ktile_bytes(op)),
+                  int64_t(kt + 1) * S::BK <= op.k, 0, 1);
+    }
+    // Share `part` (of `parts`) of this thread's checked copies of k-tile kt
+    // into the stage at shared address `stage` (part and parts are constants
+    // where the mainloop is unrolled, and what depends only on kt is computed
+    // once for all parts): the mainloop spreads one k-tile's copies over its
+    // mma k-steps. What lies past M, N or K is zeros in the stage.
+    __device__ __forceinline__ void issue_checked(const TileOperands& op, uint32_t stage, int kt, int part,
+                                                  int parts) const {
       const char* pa = a.kt_src(kt, S::BK * 2);
       const int a_bytes = a.kt_bytes_k_contiguous(kt, op.k);
       const char* pb = b.kt_src(kt, b_ktile_bytes(op));
@@ -365,20 +366,34 @@ struct Tile {
     return smem_addr(smem) + s * S::STAGE_BYTES;
   }
 
-  // Whether a tile needs no checked copies: it lies inside M and N, and K
-  // is whole k-tiles.
+  // Whether a tile is interior: it lies inside M and N, so only a K tail
+  // (K % BK != 0) can need checked copies.
   static __device__ __forceinline__ bool interior(const TileOperands& op, int tile_m, int tile_n) {
-    return int64_t(tile_m + 1) * S::BM <= op.m && int64_t(tile_n + 1) * S::BN <= op.n && op.k % S::BK == 0;
+    return int64_t(tile_m + 1) * S::BM <= op.m && int64_t(tile_n + 1) * S::BN <= op.n;
   }
 
+  // 1 if K ends in a partial k-tile. An interior tile then multiplies that
+  // tail k-tile first (its prologue's one checked copy) and the whole k-tiles
+  // 0, 1, ... after it, so its mainloop copies whole k-tiles only, branch-free
+  // (the order of the k-tiles changes only the fp32 rounding). Before, every
+  // tile of a problem with a K tail took the checked copies all along
+  // (3000^3: 0.31x cuBLAS against 0.55x at 4096^3 on the H200).
+  static __device__ __forceinline__ int k_tail(const TileOperands& op) { return op.k % S::BK != 0; }
+
   // Start the first STAGES - 1 k-tiles of a tile (one cp.async group each;
-  // k-tiles past K copy nothing).
+  // k-tiles past K copy nothing). FULL (interior tiles): with a K tail, the
+  // tail k-tile comes first, then whole k-tiles 0, 1, ...
   template <bool FULL>
   static __device__ __forceinline__ void prologue_of(const TileOperands& op, char* smem, int tile_m, int tile_n) {
     const Loader ld(op, tile_m, tile_n);
+    const int tail = k_tail(op);
 #pragma unroll
     for (int s = 0; s < S::STAGES - 1; ++s) {
-      ld.template issue<FULL>(op, stage_addr(smem, s), s, 0, 1);
+      if (!FULL || (tail && s == 0)) {
+        ld.issue_checked(op, stage_addr(smem, s), FULL ? k_tiles(op) - 1 : s, 0, 1);
+      } else {
+        ld.issue_whole_ktile(op, stage_addr(smem, s), s - tail);
+      }
       cp_async_commit();
     }
   }
@@ -440,10 +455,13 @@ struct Tile {
 #pragma unroll
     for (int j = 0; j < S::MMA_N; j += 2) load_b(b[0], stage, b_lane, 0, j);
     int read_slot = 0, write_slot = S::STAGES - 1;
-    // Interior tiles: the first chunks of k-tile kt + STAGES - 1, the one the
-    // k-steps refill, advanced a k-tile per iteration.
-    const char* write_a = ld.a.kt_src(S::STAGES - 1, S::BK * 2);
-    const char* write_b = ld.b.kt_src(S::STAGES - 1, Loader::b_ktile_bytes(op));
+    // Interior tiles: the first chunks of the k-tile the k-steps refill,
+    // advanced a k-tile per iteration: step kt + STAGES - 1 of the order,
+    // k-tile kt + STAGES - 1 - k_tail (prologue_of). It is whole exactly when
+    // that step is inside K's k-tiles, (kt + STAGES - 1) * BK < K.
+    const int first_write_kt = S::STAGES - 1 - (FULL ? k_tail(op) : 0);
+    const char* write_a = ld.a.kt_src(first_write_kt, S::BK * 2);
+    const char* write_b = ld.b.kt_src(first_write_kt, Loader::b_ktile_bytes(op));
     constexpr int MMAS = S::MMA_M * S::MMA_N;
     constexpr int B_LOADS = S::MMA_N / 2;
     for (int kt = 0; kt < kts; ++kt) {
@@ -476,7 +494,7 @@ struct Tile {
             if constexpr (FULL) {
               ld.issue_whole(op, write_stage, write_a, write_b, int64_t(write_kt) * S::BK < op.k, ks, KS - 1);
             } else {
-              ld.template issue<false>(op, write_stage, write_kt, ks, KS - 1);
+              ld.issue_checked(op, write_stage, write_kt, ks, KS - 1);
             }
           }
           mma_16816<T>(acc[i][j], a[i], cur_b[j][0], cur_b[j][1]);
