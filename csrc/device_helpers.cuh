@@ -1,5 +1,7 @@
 // Device helpers shared by the kernel rungs: element conversions to and from
-// the fp32 accumulator, and integer helpers for grid arithmetic.
+// the fp32 accumulator, integer helpers for grid arithmetic, and the sm_90
+// (Hopper and newer, not only sm_90a) shared-memory stores and bulk copies
+// of the epilogues that stage output tiles in shared memory.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,50 @@ __device__ __forceinline__ void copy_chunk_16(uint32_t dst, const void* src, int
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(words[0]), "r"(words[1]), "r"(words[2]),
                "r"(words[3])
                : "memory");
+}
+
+// ---------------------------------------------------------------- sm_90 and newer
+// Call these only from code compiled for __CUDA_ARCH__ >= 900.
+
+// Four 8 x 8 matrices of 16-bit elements from a warp's registers to shared
+// memory: lane l holds, in r_i, the two elements of row l / 4, columns
+// 2 (l % 4) and 2 (l % 4) + 1 of matrix i (the layout of mma's and wgmma's
+// accumulator fragments), and gives in `addr` the shared-window address of
+// row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// Makes this thread's ordinary shared-memory stores visible to the copy
+// engine (TMA and bulk copies read shared memory through the async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// `bytes` (a multiple of 16) of shared memory at `src` to global memory at
+// `dst` (both 16-byte aligned) by the copy engine, in this thread's current
+// bulk group: the thread goes on at once.
+__device__ __forceinline__ void bulk_copy_to_global(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+
+// Bulk copies (and TMA stores) are grouped per thread: bulk_commit closes
+// the thread's current group; bulk_wait_read<N> returns once at most N of its
+// groups still read shared memory, bulk_wait<N> once at most N still write
+// global memory.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -95,30 +95,13 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 // TMA stores: a box of shared memory (written by ordinary stores, then made
 // visible to the copy engine with fence_proxy_async) to the tensor at box
 // coordinates (inner, outer); parts of the box outside the tensor are not
-// written. Stores are grouped per thread with bulk_commit; bulk_wait_read<N>
-// returns once at most N of the thread's groups still read shared memory,
-// bulk_wait<N> once at most N are still writing global memory.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
+// written. Stores are grouped per thread with bulk_commit and awaited with
+// bulk_wait_read / bulk_wait (device_helpers.cuh).
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int inner, int outer) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
                "r"(smem_u32(src)), "r"(inner), "r"(outer)
                : "memory");
-}
-
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // Thread block clusters: this CTA's rank, a barrier over every thread of the

@@ -7,7 +7,9 @@
 // counter when it is done with one (the dynamic order; tile_scheduler.cuh). There are no waves and no launch
 // of a new CTA per tile: a CTA that finishes a tile starts the cp.async loads
 // of its next tile first, then writes the finished tile's results, so the
-// next tile's loads overlap this tile's epilogue.
+// next tile's loads overlap this tile's epilogue. Where the epilogue stages
+// the tile for the copy engine (one CTA an SM, sm_90+: Tile::epilogue_staged),
+// the copy runs during the next tile's mainloop.
 #include "tensor_core_launch.cuh"
 
 namespace persistent_matmul {
@@ -43,6 +45,7 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_ke
   tc::TileCoord c;
   if (!next_tile<Shape>(p, smem, position, c)) return;
   Tile::prologue(op, smem, c.m, c.n);
+  const bool staged = Shape::MIN_CTAS == 1 && Tile::can_stage_output(p);
   while (true) {
     const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
     float acc[Shape::MMA_M][Shape::MMA_N][4];
@@ -52,7 +55,7 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_ke
     tc::TileCoord next_c;
     const bool more = next_tile<Shape>(p, smem, position, next_c);
     if (more) Tile::prologue(op, smem, next_c.m, next_c.n);
-    Tile::template epilogue<T>(p, c.m, c.n, acc);
+    Tile::template store_tile<T>(p, smem, c.m, c.n, staged, acc);
     if constexpr (TIMELINE) {
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -64,6 +67,7 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_ke
     if (!more) break;
     c = next_c;
   }
+  if (staged) Tile::finish_staged_output();
 }
 
 // CTAs that fill the device once: SMs x resident CTAs per SM, capped at the

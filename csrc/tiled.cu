@@ -7,7 +7,8 @@
 // one CTA per output tile, launched in grouped order for L2 reuse; when there
 // are more tiles than fit on the GPU at once, they run in waves, and the last
 // wave may leave SMs idle. The tile code lives in tensor_core_tile.cuh, shared
-// with `persistent`, so the two rungs differ only in scheduling.
+// with `persistent` (the epilogue's staging through shared memory included),
+// so the two rungs differ only in scheduling.
 #include "tensor_core_launch.cuh"
 
 namespace persistent_matmul {
@@ -24,7 +25,9 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) tiled_kernel(
   float acc[Shape::MMA_M][Shape::MMA_N][4];
   Tile::prologue(op, smem, c.m, c.n);
   Tile::template mainloop<T>(op, smem, c.m, c.n, acc);
-  Tile::template epilogue<T>(p, c.m, c.n, acc);
+  const bool staged = Shape::MIN_CTAS == 1 && Tile::can_stage_output(p);
+  Tile::template store_tile<T>(p, smem, c.m, c.n, staged, acc);
+  if (staged) Tile::finish_staged_output();
   if constexpr (TIMELINE) {
     __syncthreads();
     if (threadIdx.x == 0) {
