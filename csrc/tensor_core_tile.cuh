@@ -648,8 +648,8 @@ struct Tile {
 #endif
   }
 
-  // The epilogue a CTA of one tile an SM runs: staged where it can (above),
-  // else from the registers.
+  // A tile's epilogue: staged where the launch can stage its output (above),
+  // else from the registers (epilogue).
   template <typename T>
   static __device__ __forceinline__ void store_tile(const MatmulProblem& p, char* smem, int tile_m, int tile_n,
                                                     bool staged, const float (&acc)[S::MMA_M][S::MMA_N][4]) {
