@@ -1,5 +1,6 @@
 // Device helpers shared by the kernel rungs: element conversions to and from
-// the fp32 accumulator, integer helpers for grid arithmetic, and the sm_90
+// the fp32 accumulator, integer helpers for grid arithmetic, flags one CTA
+// sets for another, and the sm_90
 // (Hopper and newer, not only sm_90a) shared-memory stores and bulk copies
 // of the epilogues that stage output tiles in shared memory.
 #pragma once
@@ -48,6 +49,26 @@ __device__ __forceinline__ void copy_chunk_16(uint32_t dst, const void* src, int
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(words[0]), "r"(words[1]), "r"(words[2]),
                "r"(words[3])
                : "memory");
+}
+
+// A flag in global memory that one CTA sets for another (the stream-K
+// order's partial tiles, tile_scheduler.cuh): the setter's earlier writes
+// are visible to a reader that has seen the flag set (release / acquire at
+// GPU scope; sm_70 and newer).
+__device__ __forceinline__ void store_release_gpu(uint32_t* flag, uint32_t value) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t* flag) {
+  uint32_t value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
+  return value;
+}
+
+// Waits until `flag` is set, then clears it for the next launch.
+__device__ __forceinline__ void wait_and_clear_flag(uint32_t* flag) {
+  while (load_acquire_gpu(flag) == 0) __nanosleep(64);
+  *static_cast<volatile uint32_t*>(flag) = 0;
 }
 
 // ---------------------------------------------------------------- sm_90 and newer

@@ -28,15 +28,34 @@ struct MatmulProblem {
   // tensor_core_tile.cuh), nullptr for the normal path.
   void* timeline = nullptr;
   // The persistent rungs only: 0 = grouped tile order, 1 = Hilbert, 2 =
-  // dynamic (tile_scheduler.cuh), which takes tile indices from
-  // `tile_counter`: one uint32 in device memory, zero at launch (the launch
-  // sets it back to zero as it ends: claim_tile_index).
+  // dynamic, 3 = split tail (tile_scheduler.cuh). Dynamic and split tail take
+  // tile indices from `tile_counter`: one uint32 in device memory, zero at
+  // launch (the launch sets it back to zero as it ends: claim_tile_index).
+  // Split tail hands partial sums of split tiles from CTA to CTA through
+  // `partials` (a slot of BM x BN floats per split unit) and `partial_flags`
+  // (kSplitFlagsPerSlot per slot, zero at launch; the launch leaves them
+  // zero), sized per SM of the device (kSplitPartialBytesPerSm, kSplitFlagsPerSm).
   int32_t tile_order = 0;
   uint32_t* tile_counter = nullptr;
+  float* partials = nullptr;
+  uint32_t* partial_flags = nullptr;
   // `wgmma_persistent` only: 1 (no clusters), 2 (CTA pairs share B by TMA
   // multicast), or 0 (the default: the launch picks, wgmma_cluster_size_for).
   int32_t cluster_size = 0;
 };
+
+// The split-tail order's workspace per SM of the device: the partial-sum
+// slots of the split units (at most one per CTA of the grid, and an SM holds
+// one 128 x 256 fp32 tile, two 128 x 128 or eight 64 x 64) and two flags per
+// slot (one per consumer warpgroup in wgmma_persistent). A launch whose grid
+// needs more runs the dynamic order.
+constexpr int64_t kSplitPartialBytesPerSm = 128 * 256 * 4;
+constexpr int64_t kSplitFlagsPerSlot = 2;
+constexpr int64_t kSplitFlagsPerSm = 8 * kSplitFlagsPerSlot;
+// Whether `ctas` CTAs with BM x BN tiles fit the workspace of `sms` SMs.
+inline bool split_workspace_fits(int64_t ctas, int64_t bm, int64_t bn, int64_t sms) {
+  return ctas * bm * bn * 4 <= sms * kSplitPartialBytesPerSm && ctas * kSplitFlagsPerSlot <= sms * kSplitFlagsPerSm;
+}
 
 // How the tensor-core rungs cut a problem into output tiles on this device.
 struct TileConfig {

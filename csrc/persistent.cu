@@ -9,7 +9,10 @@
 // of its next tile first, then writes the finished tile's results, so the
 // next tile's loads overlap this tile's epilogue. Where the epilogue stages
 // the tile for the copy engine (one CTA an SM, sm_90+: Tile::epilogue_staged),
-// the copy runs during the next tile's mainloop.
+// the copy runs during the next tile's mainloop. In the split-tail order the
+// tiles of the last, ragged round are split in K into parts that run on
+// otherwise idle SMs, their partial sums passed on through global memory
+// (tc::SplitTail).
 #include "tensor_core_launch.cuh"
 
 namespace persistent_matmul {
@@ -37,35 +40,101 @@ __device__ __forceinline__ bool next_tile(const MatmulProblem& p, char* smem, in
   return more;
 }
 
-template <typename T, typename Shape, bool B_KMAJOR, bool TIMELINE>
+// The split-tail order's next index (tc::SplitTail): the first is the static
+// one (blockIdx.x), thread 0 claims each later one from the counter.
+__device__ __forceinline__ int64_t next_split_index(const MatmulProblem& p, const tc::SplitTail& split, char* slot,
+                                                     bool first) {
+  if (first) return blockIdx.x;
+  const int64_t claimed = threadIdx.x == 0 ? tc::claim_tile_index(p.tile_counter, split.indices) : 0;
+  return tc::share_claimed_index(claimed, reinterpret_cast<int64_t*>(slot));
+}
+
+// SPLIT: the split-tail order (p.tile_order 3): the CTA walks units of work,
+// whole tiles or parts of a split tile's k-blocks. A part other than a tile's
+// last hands its partial sums to the last through the workspace slot of its
+// index instead of storing; the last part adds the others' before it stores.
+template <typename T, typename Shape, bool B_KMAJOR, bool TIMELINE, bool SPLIT>
 __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_kernel(MatmulProblem p, tc::TileOperands op) {
   extern __shared__ __align__(128) char smem[];
   using Tile = tc::Tile<Shape, B_KMAJOR>;
-  int64_t position = blockIdx.x;
-  tc::TileCoord c;
-  if (!next_tile<Shape>(p, smem, position, c)) return;
-  Tile::prologue(op, smem, c.m, c.n);
+  const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
+  const int k_blocks = SPLIT ? Tile::k_tiles(op) : 0;  // read only by the split-tail order
+  // The order's next unit: a whole tile (next_tile), or a unit of the split
+  // tail; `index` becomes the unit's index there.
+  auto next_unit = [&](int64_t& position, int64_t& index, tc::WorkUnit& unit) {
+    if constexpr (SPLIT) {
+      const tc::SplitTail split(int64_t(tiles_m) * tiles_n, k_blocks, gridDim.x);
+      index = next_split_index(p, split, smem + Shape::CLAIM_SLOT_OFFSET, position == blockIdx.x);
+      position = -1;  // the first index is taken
+      if (index >= split.indices) return false;
+      unit = split.unit(index, tiles_m, tiles_n, k_blocks);
+      return true;
+    } else {
+      return next_tile<Shape>(p, smem, position, unit.tile);
+    }
+  };
+  // A unit's loads and k loop: over the whole product's K, or the unit's k-blocks.
+  auto prologue = [&](const tc::WorkUnit& unit) {
+    if constexpr (SPLIT) {
+      Tile::prologue(Tile::k_blocks_of(op, unit.k_begin, unit.k_end), smem, unit.tile.m, unit.tile.n);
+    } else {
+      Tile::prologue(op, smem, unit.tile.m, unit.tile.n);
+    }
+  };
+  auto mainloop = [&](const tc::WorkUnit& unit, float (&acc)[Shape::MMA_M][Shape::MMA_N][4]) {
+    if constexpr (SPLIT) {
+      Tile::template mainloop<T>(Tile::k_blocks_of(op, unit.k_begin, unit.k_end), smem, unit.tile.m, unit.tile.n,
+                                 acc);
+    } else {
+      Tile::template mainloop<T>(op, smem, unit.tile.m, unit.tile.n, acc);
+    }
+  };
+  int64_t position = blockIdx.x, index = 0;
+  tc::WorkUnit u;
+  if (!next_unit(position, index, u)) return;
+  prologue(u);
   const bool staged = Shape::MIN_CTAS == 1 && Tile::can_stage_output(p);
   while (true) {
     const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
     float acc[Shape::MMA_M][Shape::MMA_N][4];
-    Tile::template mainloop<T>(op, smem, c.m, c.n, acc);
+    mainloop(u, acc);
     // The shared-memory buffers are free now: start the next tile's loads
     // before spending time on this tile's stores.
-    tc::TileCoord next_c;
-    const bool more = next_tile<Shape>(p, smem, position, next_c);
-    if (more) Tile::prologue(op, smem, next_c.m, next_c.n);
-    Tile::template store_tile<T>(p, smem, c.m, c.n, staged, acc);
-    if constexpr (TIMELINE) {
+    tc::WorkUnit next_u;
+    int64_t next_index = 0;
+    const bool more = next_unit(position, next_index, next_u);
+    if (more) prologue(next_u);
+    const tc::SplitTail split(SPLIT ? int64_t(tiles_m) * tiles_n : 1, k_blocks, gridDim.x);
+    const int part = SPLIT ? split.part_of(index) : -1;
+    if (SPLIT && part >= 0 && part < split.parts - 1) {
+      // Not the tile's last part: pass the partial sums on.
+      const int64_t slot = index - split.whole;
+      Tile::write_partial(p.partials + slot * Shape::BM * Shape::BN, acc);
+      __threadfence();
       __syncthreads();
-      if (threadIdx.x == 0) {
-        const int64_t tiles_n = ceil_div(p.n, Shape::BN);
-        static_cast<tc::TileRecord*>(p.timeline)[c.m * tiles_n + c.n] = {
-            c.m, c.n, tc::sm_id(), blockIdx.x, start, tc::global_timer_ns()};
+      if (threadIdx.x == 0) store_release_gpu(p.partial_flags + slot * kSplitFlagsPerSlot, 1);
+    } else {
+      if (SPLIT && part > 0) {
+        // The last part of a split tile: add the others.
+        const int64_t first_slot = index - split.whole - part;
+        if (threadIdx.x == 0) {
+          for (int j = 0; j < part; ++j) wait_and_clear_flag(p.partial_flags + (first_slot + j) * kSplitFlagsPerSlot);
+        }
+        __syncthreads();
+        for (int j = 0; j < part; ++j) Tile::add_partial(p.partials + (first_slot + j) * Shape::BM * Shape::BN, acc);
+      }
+      Tile::template store_tile<T>(p, smem, u.tile.m, u.tile.n, staged, acc);
+      if constexpr (TIMELINE) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          static_cast<tc::TileRecord*>(p.timeline)[int64_t(u.tile.m) * tiles_n + u.tile.n] = {
+              u.tile.m, u.tile.n, tc::sm_id(), blockIdx.x, start, tc::global_timer_ns()};
+        }
       }
     }
     if (!more) break;
-    c = next_c;
+    u = next_u;
+    index = next_index;
   }
   if (staged) Tile::finish_staged_output();
 }
@@ -91,19 +160,45 @@ int64_t persistent_grid(int threads, int smem_bytes, int device, int64_t tiles) 
   return min_i64(tiles, int64_t(per_sm) * tc::sm_count(device));
 }
 
+template <typename T, typename Shape, bool B_KMAJOR, bool TIMELINE, bool SPLIT>
+cudaError_t launch_kernel(const MatmulProblem& p, cudaStream_t stream, int device, int64_t grid) {
+  constexpr auto kernel = persistent_kernel<T, Shape, B_KMAJOR, TIMELINE, SPLIT>;
+  const int smem = tc::smem_request<Shape>(device);
+  if (cudaError_t err = tc::allow_dynamic_smem<kernel>(smem, device)) return err;
+  kernel<<<static_cast<unsigned>(grid), Shape::THREADS, smem, stream>>>(p, tc::operands_of(p, B_KMAJOR));
+  return cudaGetLastError();
+}
+
+// Whether the split-tail order splits anything here: tiles of the 128x256 or
+// 128x128 shapes whose last round SplitTail cuts in parts, with a grid that
+// fits the workspace. Elsewhere the order runs as the dynamic one, which then
+// assigns the same whole tiles: the split kernel's extra work per unit cost
+// 1-8% on the H200 at shapes it does not split (2026-12-02).
+template <typename Shape>
+bool splits_tail(const MatmulProblem& p, int device, int64_t tiles, int64_t grid) {
+  return Shape::BM * Shape::BN >= 128 * 128 && p.partials != nullptr &&
+         split_workspace_fits(grid, Shape::BM, Shape::BN, tc::sm_count(device)) &&
+         tc::SplitTail(tiles, int(ceil_div(p.k, Shape::BK)), grid).parts > 1;
+}
+
 template <bool TIMELINE>
-cudaError_t launch(const MatmulProblem& p, cudaStream_t stream, int device) {
-  return tc::dispatch(p, device, [&](auto type, auto shape, auto kmajor) {
+cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device) {
+  return tc::dispatch(problem, device, [&](auto type, auto shape, auto kmajor) {
     using T = typename decltype(type)::type;
     using Shape = decltype(shape);
-    constexpr auto kernel = persistent_kernel<T, Shape, decltype(kmajor)::value, TIMELINE>;
-    const int smem = tc::smem_request<Shape>(device);
-    if (cudaError_t err = tc::allow_dynamic_smem<kernel>(smem, device)) return err;
-    const int64_t tiles = ceil_div(p.m, Shape::BM) * ceil_div(p.n, Shape::BN);
-    const int64_t grid = persistent_grid<kernel>(Shape::THREADS, smem, device, tiles);
-    kernel<<<static_cast<unsigned>(grid), Shape::THREADS, smem, stream>>>(
-        p, tc::operands_of(p, decltype(kmajor)::value));
-    return cudaGetLastError();
+    constexpr bool kKMajor = decltype(kmajor)::value;
+    constexpr auto kernel = persistent_kernel<T, Shape, kKMajor, TIMELINE, false>;
+    const int64_t tiles = ceil_div(problem.m, Shape::BM) * ceil_div(problem.n, Shape::BN);
+    const int64_t grid = persistent_grid<kernel>(Shape::THREADS, tc::smem_request<Shape>(device), device, tiles);
+    MatmulProblem p = problem;
+    if (p.tile_order == int32_t(tc::TileOrder::kSplitTail)) {
+      // The instrumented build records whole tiles: it runs the dynamic order too.
+      if constexpr (!TIMELINE && Shape::BM * Shape::BN >= 128 * 128) {
+        if (splits_tail<Shape>(p, device, tiles, grid)) return launch_kernel<T, Shape, kKMajor, false, true>(p, stream, device, grid);
+      }
+      p.tile_order = int32_t(tc::TileOrder::kDynamic);
+    }
+    return launch_kernel<T, Shape, kKMajor, TIMELINE, false>(p, stream, device, grid);
   });
 }
 
@@ -124,7 +219,7 @@ TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device) {
     cfg.block_n = Shape::BN;
     cfg.block_k = Shape::BK;
     cfg.tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
-    constexpr auto kernel = persistent_kernel<__nv_bfloat16, Shape, true, false>;
+    constexpr auto kernel = persistent_kernel<__nv_bfloat16, Shape, true, false, false>;
     const int smem = tc::smem_request<Shape>(device);
     tc::allow_dynamic_smem<kernel>(smem, device);
     cfg.persistent_ctas = persistent_grid<kernel>(Shape::THREADS, smem, device, cfg.tiles);

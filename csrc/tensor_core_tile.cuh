@@ -639,6 +639,44 @@ struct Tile {
 #endif
   }
 
+  // The operands of k-blocks [k_begin, k_end) of a product (a stream-K unit,
+  // tile_scheduler.cuh): the same matrices from k = k_begin * BK on, K cut to
+  // the unit's depth. A unit that ends at the product's K keeps its K tail.
+  static __device__ __forceinline__ TileOperands k_blocks_of(const TileOperands& op, int k_begin, int k_end) {
+    TileOperands unit = op;
+    const int64_t k0 = int64_t(k_begin) * S::BK;
+    unit.a += k0 * 2;
+    unit.b += B_KMAJOR ? k0 * 2 : k0 * op.ldb * 2;
+    unit.k = min_i64(op.k, int64_t(k_end) * S::BK) - k0;
+    return unit;
+  }
+
+  // A stream-K partial tile in a slot of BM x BN floats in global memory:
+  // each thread's accumulators as float4s, thread-minor (coalesced), through
+  // L2 only (.cg: the slot is written by one CTA and read by another).
+  static __device__ __forceinline__ void write_partial(float* slot, const float (&acc)[S::MMA_M][S::MMA_N][4]) {
+    float4* dst = reinterpret_cast<float4*>(slot) + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < S::MMA_M; ++i)
+#pragma unroll
+      for (int j = 0; j < S::MMA_N; ++j) {
+        __stcg(dst + (i * S::MMA_N + j) * S::THREADS, make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
+      }
+  }
+  static __device__ __forceinline__ void add_partial(const float* slot, float (&acc)[S::MMA_M][S::MMA_N][4]) {
+    const float4* src = reinterpret_cast<const float4*>(slot) + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < S::MMA_M; ++i)
+#pragma unroll
+      for (int j = 0; j < S::MMA_N; ++j) {
+        const float4 v = __ldcg(src + (i * S::MMA_N + j) * S::THREADS);
+        acc[i][j][0] += v.x;
+        acc[i][j][1] += v.y;
+        acc[i][j][2] += v.z;
+        acc[i][j][3] += v.w;
+      }
+  }
+
   // Before a CTA that staged its output exits: its last row copies have read
   // the staging area (their global writes complete on their own, as the
   // TMA stores of CUTLASS's epilogues do).

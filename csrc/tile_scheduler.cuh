@@ -14,9 +14,14 @@
 // the tiles in flight stay a contiguous stretch of the grouped order, as the
 // hardware's block dispatch keeps them for `tiled`. A static order fixes
 // each CTA's tiles up front (blockIdx.x, blockIdx.x + gridDim.x, ...).
+// Split-tail order (persistent only; SplitTail below) is the dynamic order
+// with the tiles of the last, ragged round split in K, so that round keeps
+// every SM busy for a fraction of a tile's time.
 #pragma once
 
 #include <cstdint>
+
+#include "device_helpers.cuh"  // min_i64
 
 namespace persistent_matmul {
 namespace tc {
@@ -34,7 +39,7 @@ struct TileCoord {
 // long, thin tile grid most cells of Hilbert's covering square lie outside
 // it, and striding CTAs over the square gives some CTAs several tiles and
 // others none (3x slower at 128x4096x4096).
-enum class TileOrder : int32_t { kGrouped = 0, kHilbert = 1, kDynamic = 2 };
+enum class TileOrder : int32_t { kGrouped = 0, kHilbert = 1, kDynamic = 2, kSplitTail = 3 };
 
 __host__ __device__ __forceinline__ TileCoord grouped_tile(int t, int tiles_m, int tiles_n) {
   constexpr int GROUP_M = 8;
@@ -125,15 +130,71 @@ class TileScheduler {
   int64_t next_, end_;
 };
 
+// The split-tail order (persistent rungs): where the tiles do not make whole
+// waves, the last round leaves SMs idle (3000^3: 288 tiles of 128x256 make
+// 2.2 waves on 132 SMs, so the third round runs 24 tiles on 132 SMs). The
+// order splits each of those last `tiles % CTAs` tiles into `parts` units of
+// consecutive k-blocks, as many parts as fit the CTAs in one round, so the
+// last round takes 1 / parts of a tile's time. The units of one round start
+// at the same k offsets and run at the same time, like whole tiles, so they
+// share their A and B slices in L2 (a stream-K split, where each CTA takes an
+// equal stretch of all k-blocks, put every CTA at another k and ran 5-12%
+// slower on the H200 at 4096^3 and 4096x4096x11008, bandwidth-bound).
+//
+// Indices [0, whole) are whole tiles in grouped order; index whole + u for u
+// in [0, (tiles - whole) * parts) is part u % parts of tile whole + u / parts.
+// The CTAs walk these indices as in the dynamic order (or, for CTA pairs,
+// statically: CTA c takes c, c + CTAs, ...). A part other than the last
+// writes its fp32 partial sums to slot u of the workspace and sets the
+// slot's flag; the last part (the tile's owner) waits for the other parts'
+// flags, adds their slots, clears the flags for the next launch and stores the
+// tile. A part never waits for a later index, and an owner only for earlier
+// ones, which the CTAs that took them compute without waiting: no wait forms
+// a cycle (every CTA of the grid is resident: the grid fills the GPU once).
+struct WorkUnit {
+  TileCoord tile;
+  int k_begin, k_end;  // the unit's k-blocks [k_begin, k_end) of the tile's k_blocks
+};
+
+struct SplitTail {
+  static constexpr int kMinBlocksPerPart = 4;  // parts shorter than this fill and drain the pipeline for little
+  static constexpr int kMaxParts = 8;          // the owner adds parts - 1 slots of 128 KB
+  int64_t whole;    // indices [0, whole): whole tiles
+  int64_t indices;  // all indices: whole + (tiles - whole) * parts
+  int parts;        // units per split tile (1: nothing is split)
+  __host__ __device__ SplitTail(int64_t tiles, int k_blocks, int64_t ctas) {
+    const int64_t rest = tiles % ctas;
+    int64_t p = tiles <= ctas || rest == 0 ? 1 : ctas / rest;
+    p = min_i64(min_i64(p, k_blocks / kMinBlocksPerPart), kMaxParts);
+    parts = p < 2 ? 1 : int(p);
+    whole = parts == 1 ? tiles : tiles - rest;
+    indices = whole + (tiles - whole) * parts;
+  }
+  // The part of index i (0 .. parts - 1), or -1 for a whole tile.
+  __host__ __device__ int part_of(int64_t i) const { return i < whole ? -1 : int((i - whole) % parts); }
+  __device__ WorkUnit unit(int64_t i, int tiles_m, int tiles_n, int k_blocks) const {
+    if (i < whole) return {grouped_tile(int(i), tiles_m, tiles_n), 0, k_blocks};
+    const int part = part_of(i);
+    return {grouped_tile(int(whole + (i - whole) / parts), tiles_m, tiles_n), part * k_blocks / parts,
+            (part + 1) * k_blocks / parts};
+  }
+};
+
 // The dynamic order in a CTA whose threads walk the tiles together
 // (`persistent`): thread 0 has claimed `index` (the other threads' value is
-// unused) and shares it through `slot` in shared memory. False past the last tile.
-__device__ __forceinline__ bool share_claimed_tile(int64_t index, int tiles_m, int tiles_n, int64_t* slot,
-                                                   TileCoord& tile) {
+// unused) and shares it through `slot` in shared memory.
+__device__ __forceinline__ int64_t share_claimed_index(int64_t index, int64_t* slot) {
   if (threadIdx.x == 0) *slot = index;
   __syncthreads();
   index = *slot;
   __syncthreads();  // every thread has read the slot before thread 0 refills it
+  return index;
+}
+
+// The claimed index's tile (share_claimed_index); false past the last tile.
+__device__ __forceinline__ bool share_claimed_tile(int64_t index, int tiles_m, int tiles_n, int64_t* slot,
+                                                   TileCoord& tile) {
+  index = share_claimed_index(index, slot);
   if (index >= int64_t(tiles_m) * tiles_n) return false;
   tile = grouped_tile(int(index), tiles_m, tiles_n);
   return true;

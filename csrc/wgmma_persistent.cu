@@ -17,20 +17,31 @@
 // that is 1.00-1.04x the speed of single CTAs at the large benchmark shapes
 // (1.07-1.11x at 3000^3; sustained, a 2-3% higher SM clock at the power
 // limit), 2026-11-30. Pairs walk the grouped (or Hilbert) order of tile
-// pairs; the dynamic order is the single CTAs'.
+// pairs; the dynamic order is the single CTAs'. The split-tail order (single
+// CTAs dynamic, pairs static) splits the tiles of the last, ragged round in K
+// (hopper::SplitTailUnits; tile_scheduler.cuh).
 #include "wgmma_launch.cuh"
 
 namespace persistent_matmul {
 namespace {
 
-template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE>
+// SPLIT: the split-tail order (p.tile_order 3; hopper::SplitTailUnits), in
+// single CTAs or pairs.
+template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE, bool SPLIT>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(Shape::THREADS, 1)
     wgmma_persistent_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                             const __grid_constant__ CUtensorMap map_out, const bool store_by_tma,
                             const MatmulProblem p) {
   const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
   const auto order = static_cast<tc::TileOrder>(p.tile_order);
-  if constexpr (CLUSTER == 2) {
+  if constexpr (SPLIT) {
+    const int k_blocks = int(ceil_div(p.k, Shape::BK));
+    hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
+        &map_a, &map_b, &map_out, store_by_tma, p, [&](int rank, const hopper::TileQueue& queue, auto is_producer) {
+          return hopper::SplitTailUnits<CLUSTER, decltype(is_producer)::value>(tiles_m, tiles_n, k_blocks, rank,
+                                                                               p.tile_counter, queue);
+        });
+  } else if constexpr (CLUSTER == 2) {
     // Pairs walk a static order: the dynamic one (single CTAs only) becomes grouped.
     const auto pair_order = order == tc::TileOrder::kDynamic ? tc::TileOrder::kGrouped : order;
     hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
@@ -71,18 +82,53 @@ int64_t persistent_grid(int threads, int smem_bytes, int device, int64_t tiles_m
   return CLUSTER * min_i64(pairs, clusters);
 }
 
+template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE, bool SPLIT>
+cudaError_t launch_kernel(const MatmulProblem& p, cudaStream_t stream, int device, const hopper::TensorMaps& maps,
+                          int64_t ctas) {
+  constexpr auto kernel = wgmma_persistent_kernel<T, Shape, CLUSTER, B_KMAJOR, TIMELINE, SPLIT>;
+  if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
+  kernel<<<static_cast<unsigned>(ctas), Shape::THREADS, Shape::SMEM_BYTES, stream>>>(maps.a, maps.b, maps.out,
+                                                                                     maps.store_by_tma, p);
+  return cudaGetLastError();
+}
+
+// Whether the split-tail order splits anything here: SplitTail cuts the last
+// round of tiles (tile pairs) in parts, and the grid fits the workspace.
+// Elsewhere the order runs as the dynamic one (pairs: grouped), which then
+// assigns the same whole tiles: the split kernel ran 2-8% slower on the H200
+// at shapes it does not split (2026-12-02).
+template <int CLUSTER, typename Shape>
+bool splits_tail(const MatmulProblem& p, int device, int64_t ctas) {
+  if (p.partials == nullptr || p.tile_counter == nullptr ||
+      !split_workspace_fits(ctas, Shape::BM, Shape::BN, tc::sm_count(device))) {
+    return false;
+  }
+  const int64_t stream_tiles = ceil_div(ceil_div(p.m, Shape::BM), CLUSTER) * ceil_div(p.n, Shape::BN);
+  return tc::SplitTail(stream_tiles, int(ceil_div(p.k, Shape::BK)), ctas / CLUSTER).parts > 1;
+}
+
 template <int CLUSTER, bool TIMELINE>
-cudaError_t launch(const MatmulProblem& p, cudaStream_t stream, int device) {
-  return hopper::dispatch(p, device, CLUSTER, [&](auto type, auto shape, auto kmajor, const hopper::TensorMaps& maps) {
+cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device) {
+  return hopper::dispatch(problem, device, CLUSTER,
+                          [&](auto type, auto shape, auto kmajor, const hopper::TensorMaps& maps) {
     using T = typename decltype(type)::type;
     using Shape = decltype(shape);
-    constexpr auto kernel = wgmma_persistent_kernel<T, Shape, CLUSTER, decltype(kmajor)::value, TIMELINE>;
+    constexpr bool kKMajor = decltype(kmajor)::value;
+    constexpr auto kernel = wgmma_persistent_kernel<T, Shape, CLUSTER, kKMajor, TIMELINE, false>;
     if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
     const int64_t ctas = persistent_grid<CLUSTER, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device,
-                                                          ceil_div(p.m, Shape::BM), ceil_div(p.n, Shape::BN));
-    kernel<<<static_cast<unsigned>(ctas), Shape::THREADS, Shape::SMEM_BYTES, stream>>>(maps.a, maps.b, maps.out,
-                                                                                       maps.store_by_tma, p);
-    return cudaGetLastError();
+                                                          ceil_div(problem.m, Shape::BM), ceil_div(problem.n, Shape::BN));
+    MatmulProblem p = problem;
+    if (p.tile_order == int32_t(tc::TileOrder::kSplitTail)) {
+      // The instrumented build records whole tiles: it runs the fallback order too.
+      if constexpr (!TIMELINE) {
+        if (splits_tail<CLUSTER, Shape>(p, device, ctas)) {
+          return launch_kernel<T, Shape, CLUSTER, kKMajor, false, true>(p, stream, device, maps, ctas);
+        }
+      }
+      p.tile_order = int32_t(CLUSTER == 1 ? tc::TileOrder::kDynamic : tc::TileOrder::kGrouped);
+    }
+    return launch_kernel<T, Shape, CLUSTER, kKMajor, TIMELINE, false>(p, stream, device, maps, ctas);
   });
 }
 
@@ -108,7 +154,7 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
     cfg.block_k = Shape::BK;
     cfg.tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
     // Every variant of a shape has the same threads and shared memory, so one stands for all.
-    constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 1, true, false>;  // the default
+    constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 1, true, false, false>;  // the default
     tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
     cfg.persistent_ctas = persistent_grid<1, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device,
                                                      ceil_div(m, Shape::BM), ceil_div(n, Shape::BN));

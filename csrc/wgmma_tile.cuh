@@ -109,6 +109,19 @@ struct SharedStages {
   }
 };
 
+// k-blocks [begin, end) of a tile.
+struct KRange {
+  int begin, end;
+};
+
+// A unit's place in a split tile (tc::SplitTail): part -1 of a whole tile,
+// else part `part` of `parts`, whose partial sums go through workspace slot
+// `slot` (the tile's other parts use slot - stride, slot - 2 stride, ...).
+struct UnitRole {
+  int part, parts;
+  int64_t slot, stride;
+};
+
 // Position in the ring of stages; the phase bit flips on every wrap.
 template <int STAGES>
 struct RingPosition {
@@ -160,6 +173,37 @@ class TilePairsPerCluster {
   int rank_;
 };
 
+// One side of the tile queue in the dynamic orders: the producer thread
+// takes its first index from the static order (blockIdx.x, as
+// tc::claim_tile_index expects), claims each later one of `indices` from the
+// counter and passes it to the consumer threads, which read it here.
+template <bool PRODUCER>
+class ClaimedIndices {
+ public:
+  __device__ explicit ClaimedIndices(const TileQueue& queue) : queue_(queue) {}
+  __device__ int64_t next_index(uint32_t* counter, int64_t indices) {
+    int64_t index;
+    if constexpr (PRODUCER) {
+      index = first_ ? int64_t(blockIdx.x) : tc::claim_tile_index(counter, indices);
+      first_ = false;
+      mbarrier_wait(&queue_.empty[slot_.stage], slot_.phase ^ 1);  // a fresh barrier passes parity 1
+      queue_.slots[slot_.stage] = index;
+      mbarrier_arrive(&queue_.full[slot_.stage]);  // releases the slot's write to the waiting consumers
+    } else {
+      mbarrier_wait(&queue_.full[slot_.stage], slot_.phase);
+      index = *static_cast<volatile int64_t*>(&queue_.slots[slot_.stage]);
+      mbarrier_arrive(&queue_.empty[slot_.stage]);
+    }
+    slot_.advance();
+    return index;
+  }
+
+ private:
+  TileQueue queue_;
+  RingPosition<TILE_QUEUE_SLOTS> slot_;
+  bool first_ = true;  // the producer's first tile
+};
+
 // The tile stream of `wgmma_persistent` without clusters: its static orders
 // (tc::TileScheduler) or, with a counter, the dynamic order, where the
 // producer thread takes its first tile from the static order and claims
@@ -178,20 +222,7 @@ class PersistentTiles {
         tiles_n_(tiles_n) {}
   __device__ bool next(tc::TileCoord& tile) {
     if (counter_ == nullptr) return static_.next(tile);
-    int64_t index;
-    if constexpr (PRODUCER) {
-      // The first tile is the static order's (tc::claim_tile_index).
-      index = first_ ? int64_t(blockIdx.x) : tc::claim_tile_index(counter_, int64_t(tiles_m_) * tiles_n_);
-      first_ = false;
-      mbarrier_wait(&queue_.empty[slot_.stage], slot_.phase ^ 1);  // a fresh barrier passes parity 1
-      queue_.slots[slot_.stage] = index;
-      mbarrier_arrive(&queue_.full[slot_.stage]);  // releases the slot's write to the waiting consumers
-    } else {
-      mbarrier_wait(&queue_.full[slot_.stage], slot_.phase);
-      index = *static_cast<volatile int64_t*>(&queue_.slots[slot_.stage]);
-      mbarrier_arrive(&queue_.empty[slot_.stage]);
-    }
-    slot_.advance();
+    const int64_t index = queue_.next_index(counter_, int64_t(tiles_m_) * tiles_n_);
     if (index >= int64_t(tiles_m_) * tiles_n_) return false;  // past the last tile: the stream ends
     tile = tc::grouped_tile(int(index), tiles_m_, tiles_n_);
     return true;
@@ -200,13 +231,77 @@ class PersistentTiles {
  private:
   tc::TileScheduler static_;
   uint32_t* counter_;
-  TileQueue queue_;
+  ClaimedIndices<PRODUCER> queue_;
   int tiles_m_, tiles_n_;
-  RingPosition<TILE_QUEUE_SLOTS> slot_;
-  bool first_ = true;  // the producer's first tile
 };
 
-// Producer: loads every k-block of every tile of the stream into the ring.
+// The tile stream of `wgmma_persistent` in the split-tail order
+// (tc::SplitTail): whole tiles, then the parts of the split tiles. Single
+// CTAs walk its indices as in the dynamic order (the producer claims them and
+// queues them for the consumers); pairs of CTAs (CLUSTER = 2) walk them
+// statically over tile pairs as TilePairsPerCluster, both CTAs of a pair the
+// same units, CTA `rank` the pair's tile row 2 * pair + rank, and the partial
+// sums go between CTAs of the same rank.
+template <int CLUSTER, bool PRODUCER>
+class SplitTailUnits {
+ public:
+  __device__ SplitTailUnits(int tiles_m, int tiles_n, int k_blocks, int rank, uint32_t* counter,
+                            const TileQueue& queue)
+      : split_(int64_t((tiles_m + CLUSTER - 1) / CLUSTER) * tiles_n, k_blocks, gridDim.x / CLUSTER),
+        queue_(queue),
+        counter_(counter),
+        pair_rows_((tiles_m + CLUSTER - 1) / CLUSTER),
+        tiles_n_(tiles_n),
+        k_blocks_(k_blocks),
+        rank_(rank),
+        next_(blockIdx.x / CLUSTER) {}
+  __device__ bool next(tc::TileCoord& tile) {
+    if constexpr (CLUSTER > 1) {
+      index_ = next_;
+      next_ += gridDim.x / CLUSTER;
+    } else {
+      index_ = queue_.next_index(counter_, split_.indices);
+    }
+    if (index_ >= split_.indices) return false;
+    unit_ = split_.unit(index_, pair_rows_, tiles_n_, k_blocks_);
+    tile = {CLUSTER * unit_.tile.m + rank_, unit_.tile.n};
+    return true;
+  }
+  __device__ KRange k_range() const { return {unit_.k_begin, unit_.k_end}; }
+  __device__ UnitRole role() const {
+    return {split_.part_of(index_), split_.parts, (index_ - split_.whole) * CLUSTER + rank_, CLUSTER};
+  }
+
+ private:
+  tc::SplitTail split_;
+  ClaimedIndices<PRODUCER> queue_;
+  uint32_t* counter_;
+  int pair_rows_, tiles_n_, k_blocks_, rank_;
+  int64_t next_, index_ = 0;
+  tc::WorkUnit unit_;
+};
+
+// The k-blocks of the stream's current tile, and the unit's part in a split
+// tile: all k-blocks of a whole tile, but for split-tail units.
+template <typename Tiles>
+__device__ __forceinline__ KRange k_range_of(const Tiles&, int k_blocks) {
+  return {0, k_blocks};
+}
+template <int CLUSTER, bool PRODUCER>
+__device__ __forceinline__ KRange k_range_of(const SplitTailUnits<CLUSTER, PRODUCER>& tiles, int) {
+  return tiles.k_range();
+}
+template <typename Tiles>
+__device__ __forceinline__ UnitRole role_of(const Tiles&) {
+  return {-1, 1, 0, 1};
+}
+template <int CLUSTER, bool PRODUCER>
+__device__ __forceinline__ UnitRole role_of(const SplitTailUnits<CLUSTER, PRODUCER>& tiles) {
+  return tiles.role();
+}
+
+// Producer: loads every k-block of every tile of the stream (of a split-tail
+// unit: its k-blocks) into the ring.
 // In a cluster of two, CTA `rank` loads half of each B slice and multicasts it.
 template <typename Shape, int CLUSTER, bool B_KMAJOR, typename Tiles>
 __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, const SharedStages<Shape>& smem,
@@ -224,7 +319,8 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
     // A tile below the output (the second of a cluster's last pair) needs no
     // A: its rows are never stored. Its CTA still sends B to the partner.
     const bool loads_a = int64_t(tile.m) * Shape::BM < m;
-    for (int kb = 0; kb < k_blocks; ++kb) {
+    const KRange range = k_range_of(tiles, k_blocks);
+    for (int kb = range.begin; kb < range.end; ++kb) {
       mbarrier_wait(&smem.empty[ring.stage], ring.phase ^ 1);  // a fresh barrier passes parity 1
       uint64_t* full = &smem.full[ring.stage];
       char* a = smem.stages + ring.stage * Shape::STAGE_BYTES;
@@ -489,6 +585,52 @@ __device__ __forceinline__ void store_tile_staged(const MatmulProblem& p, char* 
   }
 }
 
+// Split-tail partial sums of one consumer's 64 x BN rows in a slot of
+// p.partials (BM x BN floats per slot; each consumer's half as float4s,
+// thread-minor, through L2 only) and the consumer's flag of that slot.
+template <typename Shape>
+__device__ __forceinline__ float4* partial_of(const MatmulProblem& p, int64_t slot, int consumer) {
+  return reinterpret_cast<float4*>(p.partials + (slot * Shape::BM + consumer * 64) * Shape::BN) + threadIdx.x % 128;
+}
+__device__ __forceinline__ uint32_t* partial_flag(const MatmulProblem& p, int64_t slot, int consumer) {
+  return p.partial_flags + slot * kSplitFlagsPerSlot + consumer;
+}
+
+// A part of a split tile but its last: its sums go to its slot, for the last part.
+template <typename Shape>
+__device__ __forceinline__ void hand_over_partial(const MatmulProblem& p, const UnitRole& role, int consumer,
+                                                  const float (&d)[Shape::ACCUMULATORS]) {
+  float4* dst = partial_of<Shape>(p, role.slot, consumer);
+#pragma unroll
+  for (int i = 0; i < Shape::ACCUMULATORS / 4; ++i) {
+    __stcg(dst + i * 128, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
+  }
+  __threadfence();
+  named_barrier_sync(2 + consumer, 128);  // every thread's sums are out
+  if (threadIdx.x % 128 == 0) store_release_gpu(partial_flag(p, role.slot, consumer), 1);
+}
+
+// The last part of a split tile: add the earlier parts' sums, once they are there.
+template <typename Shape>
+__device__ __forceinline__ void take_over_partials(const MatmulProblem& p, const UnitRole& role, int consumer,
+                                                   float (&d)[Shape::ACCUMULATORS]) {
+  if (threadIdx.x % 128 == 0) {
+    for (int j = 1; j <= role.part; ++j) wait_and_clear_flag(partial_flag(p, role.slot - j * role.stride, consumer));
+  }
+  named_barrier_sync(2 + consumer, 128);
+  for (int j = 1; j <= role.part; ++j) {
+    const float4* src = partial_of<Shape>(p, role.slot - j * role.stride, consumer);
+#pragma unroll
+    for (int i = 0; i < Shape::ACCUMULATORS / 4; ++i) {
+      const float4 v = __ldcg(src + i * 128);
+      d[4 * i] += v.x;
+      d[4 * i + 1] += v.y;
+      d[4 * i + 2] += v.z;
+      d[4 * i + 3] += v.w;
+    }
+  }
+}
+
 // Before the CTA exits: thread 0 of each consumer waits until its TMA
 // stores have written global memory (and stopped reading shared memory).
 __device__ __forceinline__ void finish_stores() {
@@ -545,9 +687,19 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
       float d[Shape::ACCUMULATORS];
       const int width = mma_width<Shape>(p, tile, consumer);
-      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, k_blocks, consumer, d);
+      const KRange range = k_range_of(tiles, k_blocks);
+      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, d);
+      const UnitRole role = role_of(tiles);
       if (width == 0) {
         // rows below the output: nothing to store
+      } else if (role.part >= 0 && role.part < role.parts - 1) {
+        hand_over_partial<Shape>(p, role, consumer, d);  // a part of a tile another unit stores
+        continue;
+      } else if (role.part > 0) {
+        take_over_partials<Shape>(p, role, consumer, d);  // the last part: then store the tile as below
+      }
+      if (width == 0) {
+        // nothing to store
       } else if (store_by_tma) {
         store_tile_tma<T, Shape>(p, map_out, smem.out_staging, tile, consumer, d);
       } else if (p.out_stride_n == 1) {

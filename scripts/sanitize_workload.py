@@ -1,7 +1,8 @@
 """A small workload for compute-sanitizer: every available rung, every dtype it
 takes, shapes with tails in M, N and K, shapes of whole tiles (the tensor-core
 rungs' unchecked copies, TMA stores) and transposed operands; the persistent
-rungs also in their dynamic tile order.
+rungs also in their static tile orders and in the split-tail order on a shape
+whose tiles it splits (partial sums handed between CTAs).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python scripts/sanitize_workload.py [RUNG ...]
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python scripts/sanitize_workload.py [RUNG ...]
@@ -24,6 +25,9 @@ from matmul_checks import load_kernel  # noqa: E402
 
 SHAPES = [(1, 1, 1), (7, 9, 5), (129, 65, 70), (64, 200, 33), (256, 192, 128), (200, 136, 192)]
 LAYOUTS = [(False, False), (True, True), (False, True)]
+# More 128x256 tiles than a 132-SM GPU holds, not whole waves, K with a tail:
+# the split-tail order splits tiles here.
+SPLIT_TAIL_SHAPE = (1700, 3400, 520)
 
 
 def main() -> int:
@@ -45,16 +49,16 @@ def main() -> int:
                     if not err < TOLERANCE[dtype]:
                         failures += 1
                         print(f"WRONG {name} {dtype} {m}x{n}x{k} aT={a_t} bT={b_t}: rel error {err:.3g}")
-        if pm._rungs.RUNGS[name].takes_tile_order:  # the static orders (dynamic is the default)
-            for m, n, k in SHAPES[-2:]:
-                for order in ("grouped", "hilbert"):
-                    a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
-                    out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
-                    pm._matmul._run(a, b, None, out, name, tile_order=order)
-                    runs += 1
-                    if not matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]:
-                        failures += 1
-                        print(f"WRONG {name} {order} order {m}x{n}x{k}")
+        if pm._rungs.RUNGS[name].takes_tile_order:  # the other orders (split tail is the default)
+            runs_of_orders = [(shape, order) for shape in SHAPES[-2:] for order in ("grouped", "hilbert")]
+            for (m, n, k), order in runs_of_orders + [(SPLIT_TAIL_SHAPE, "split_tail")]:
+                a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
+                out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+                pm._matmul._run(a, b, None, out, name, tile_order=order)
+                runs += 1
+                if not matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]:
+                    failures += 1
+                    print(f"WRONG {name} {order} order {m}x{n}x{k}")
         if pm._rungs.RUNGS[name].has_timeline:  # the instrumented build too
             a, b = random_operands(129, 65, 70, torch.bfloat16, "cuda")
             pm.matmul_timeline(a, b, kernel=name)

@@ -232,8 +232,8 @@ REPO_ID = "persistent-matmul/persistent-matmul"
 
 
 # The benchmark's extra "<persistent rung>-<order>" columns: the tile orders
-# other than the package's default (dynamic).
-TILE_ORDER_VARIANTS = ("grouped", "hilbert")
+# other than the package's default (split tail).
+TILE_ORDER_VARIANTS = ("grouped", "hilbert", "dynamic")
 # "wgmma_persistent-cluster1": single CTAs (the default runs CTA pairs sharing B
 # by multicast wherever the output has more than one row of tiles).
 CLUSTER_VARIANT = "cluster1"

@@ -46,14 +46,15 @@ def test_wgmma_persistent_defaults_let_the_kernel_pick(recorded):
     assert cluster_size == 0
 
 
-@pytest.mark.parametrize("cluster_size, order", [(1, "dynamic"), (2, "grouped")])
-def test_wgmma_persistent_forced_cluster_size(recorded, cluster_size, order):
-    """A forced size goes through; pairs default to the grouped order (the dynamic one is single CTAs')."""
+@pytest.mark.parametrize("cluster_size", [1, 2])
+def test_wgmma_persistent_forced_cluster_size(recorded, cluster_size):
+    """A forced size goes through with the default order (split tail: single CTAs
+    split the dynamic order, pairs a static one)."""
     matmul, ops = recorded
     a, b = _operands()
     matmul._run(a, b, None, None, "wgmma_persistent", cluster_size=cluster_size)
     (_, args), = ops.calls
-    assert args[-2:] == (matmul.TILE_ORDERS[order], cluster_size)
+    assert args[-2:] == (matmul.TILE_ORDERS["split_tail"], cluster_size)
 
 
 def test_persistent_gets_the_tile_order_only(recorded):

@@ -377,7 +377,7 @@ def test_kernelize_replaces_linear_forward(pm, variant_dir):
 
 
 def test_timeline_unknown_tile_order(pm):
-    with pytest.raises(ValueError, match=r"^unknown tile_order 'spiral'; choose one of: grouped, hilbert, dynamic$"):
+    with pytest.raises(ValueError, match=r"^unknown tile_order 'spiral'; choose one of: grouped, hilbert, dynamic, split_tail$"):
         pm.matmul_timeline(t(4, 4, dtype=torch.bfloat16), t(4, 4, dtype=torch.bfloat16), tile_order="spiral")
 
 

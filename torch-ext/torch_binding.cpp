@@ -113,8 +113,9 @@ void check_hopper(int32_t device) {
 }
 
 void check_tile_order(int64_t tile_order) {
-  STD_TORCH_CHECK(tile_order >= 0 && tile_order <= 2,
-                  "persistent_matmul: tile_order must be 0 (grouped), 1 (Hilbert) or 2 (dynamic), got ", tile_order);
+  STD_TORCH_CHECK(tile_order >= 0 && tile_order <= 3,
+                  "persistent_matmul: tile_order must be 0 (grouped), 1 (Hilbert), 2 (dynamic) or 3 (split tail), got ",
+                  tile_order);
 }
 
 cudaStream_t current_stream(int32_t device) {
@@ -145,15 +146,53 @@ uint32_t* stream_tile_counter(int32_t device, cudaStream_t stream) {
   return counter;
 }
 
-// Sets the problem's tile order; the dynamic order also gets its tile
-// counter: the stream's, or while the stream is being captured into a CUDA
-// graph, a fresh zero from torch's allocator (cudaMalloc may not run during
-// capture, and the graph may be replayed on any stream; its zero-fill is
-// part of the graph). That tensor is returned: it must outlive the launch call.
+// The split-tail order's workspace (matmul_problem.h) for the device's SMs:
+// the partial-sum slots, then the flags.
+int64_t split_workspace_bytes(int32_t device) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms * (persistent_matmul::kSplitPartialBytesPerSm + persistent_matmul::kSplitFlagsPerSm * 4);
+}
+
+void point_at_split_workspace(MatmulProblem& problem, char* workspace, int32_t device) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  problem.partials = reinterpret_cast<float*>(workspace);
+  problem.partial_flags = reinterpret_cast<uint32_t*>(workspace + sms * persistent_matmul::kSplitPartialBytesPerSm);
+}
+
+// The split-tail workspace for launches on `stream`, as the dynamic order's
+// counter: allocated with its flags zeroed on first use and kept; each
+// launch leaves the flags zero (wait_and_clear_flag), and launches on one
+// stream never overlap.
+char* split_workspace(int32_t device, cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int32_t, cudaStream_t>, char*> workspaces;
+  const std::lock_guard<std::mutex> lock(mutex);
+  char*& workspace = workspaces[{device, stream}];
+  if (workspace == nullptr) {
+    void* memory = nullptr;
+    const int64_t bytes = split_workspace_bytes(device);
+    const cudaError_t err = cudaMalloc(&memory, bytes);
+    STD_TORCH_CHECK(err == cudaSuccess && cudaMemsetAsync(memory, 0, bytes, stream) == cudaSuccess,
+                    "persistent_matmul: could not allocate the split-tail order's workspace (", bytes, " bytes): ",
+                    cudaGetErrorString(err == cudaSuccess ? cudaGetLastError() : err));
+    workspace = static_cast<char*>(memory);
+  }
+  return workspace;
+}
+
+// Sets the problem's tile order; the dynamic and split-tail orders also get
+// their tile counter and the split-tail order its workspace: the stream's, or
+// while the stream is being captured into a CUDA graph, fresh zeroed ones
+// from torch's allocator (cudaMalloc may not run during capture, and the
+// graph may be replayed on any stream; the zero-fill is part of the graph).
+// That tensor is returned: it must outlive the launch call.
 std::optional<Tensor> set_tile_order(MatmulProblem& problem, const Tensor& a, int64_t tile_order) {
   check_tile_order(tile_order);
   problem.tile_order = static_cast<int32_t>(tile_order);
-  if (tile_order != 2) return std::nullopt;
+  if (tile_order != 2 && tile_order != 3) return std::nullopt;
+  const bool split = tile_order == 3;
   const int32_t device = a.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(device);
   const cudaStream_t stream = current_stream(device);
@@ -162,11 +201,16 @@ std::optional<Tensor> set_tile_order(MatmulProblem& problem, const Tensor& a, in
                   "persistent_matmul: could not query the stream's capture status");
   if (capture == cudaStreamCaptureStatusNone) {
     problem.tile_counter = stream_tile_counter(device, stream);
+    if (split) point_at_split_workspace(problem, split_workspace(device, stream), device);
     return std::nullopt;
   }
-  Tensor counter = torch::stable::new_zeros(a, {1}, ScalarType::Int);
-  problem.tile_counter = static_cast<uint32_t*>(counter.data_ptr());
-  return counter;
+  // Captured: one zeroed allocation holds the counter (first 16 bytes) and the workspace.
+  const int64_t bytes = 16 + (split ? split_workspace_bytes(device) : 0);
+  Tensor scratch = torch::stable::new_zeros(a, {bytes}, ScalarType::Byte);
+  char* base = static_cast<char*>(scratch.data_ptr());
+  problem.tile_counter = reinterpret_cast<uint32_t*>(base);
+  if (split) point_at_split_workspace(problem, base + 16, device);
+  return scratch;
 }
 
 // The dynamic order's first tile per CTA is the grouped order's (blockIdx.x),
@@ -174,10 +218,11 @@ std::optional<Tensor> set_tile_order(MatmulProblem& problem, const Tensor& a, in
 // grouped does, and its counter lookup (host) and last claim (device) are pure
 // cost: those launches run grouped. On the H200 the persistent rungs trailed
 // their one-tile-per-CTA twins by 5-8% at 1024^3 and 16x4096x4096 with the
-// counter (2026-11-30).
+// counter (2026-11-30). The same holds for the split-tail order, which splits
+// nothing there and whose workspace lookup is then pure cost.
 int64_t order_worth_running(int64_t tile_order, const MatmulProblem& problem, int32_t device,
                             TileConfigOf tile_config_of) {
-  if (tile_order != 2) return tile_order;
+  if (tile_order != 2 && tile_order != 3) return tile_order;
   torch::stable::accelerator::DeviceGuard guard(device);  // the occupancy queries ask the current device
   const auto cfg = tile_config_of(problem.m, problem.n, device);
   return cfg.tiles <= cfg.persistent_ctas ? 0 : tile_order;

@@ -77,16 +77,21 @@ def kernel_operands(a: torch.Tensor, b: torch.Tensor, chunk: int) -> tuple[torch
 
 
 # Tile orders of the persistent rungs' scheduler (csrc/tile_scheduler.cuh):
-# static grouped or Hilbert, or the grouped order claimed at run time from a
-# counter ("dynamic"). Dynamic is the default: on the H200 (benchmarks/NOTES.md,
-# fourth session) it is as fast as grouped within the runs' noise on most of the
-# 11 benchmark shapes and faster where the last wave is ragged (4097^3: 1.2x for
-# persistent, 1.03x for wgmma_persistent; 3000^3: 1.14x for wgmma_persistent),
-# at no host cost now that its counter is kept per stream. The binding runs it
-# as grouped where a grid holds every tile and for wgmma_persistent's CTA pairs
-# (its default wherever the output has more than one row of tiles).
-TILE_ORDERS = {"grouped": 0, "hilbert": 1, "dynamic": 2}
-DEFAULT_TILE_ORDER = "dynamic"
+# static grouped or Hilbert, the grouped order claimed at run time from a
+# counter ("dynamic"), or "split_tail": the dynamic order (grouped for CTA
+# pairs) with the tiles of the last, ragged round split in K into parts that
+# run at once on the SMs that round would leave idle, the parts passing partial
+# sums to each tile's last part through a workspace kept per stream. Where it
+# would split nothing (whole waves, a grid that holds every tile, K under 8
+# k-blocks, the 64x64 tiles, the instrumented build) it runs as the dynamic
+# order (pairs: grouped), which the binding runs as grouped where a grid holds
+# every tile. split_tail is the default: on the H200 (benchmarks/NOTES.md,
+# eighth session) it ran 3000^3 1.18x / 1.16x and 4097^3 1.09x / 1.03x faster
+# than the dynamic / grouped orders (persistent / wgmma_persistent) and every
+# other benchmark shape within their noise. Dynamic was faster than grouped
+# where the last wave is ragged (fourth session).
+TILE_ORDERS = {"grouped": 0, "hilbert": 1, "dynamic": 2, "split_tail": 3}
+DEFAULT_TILE_ORDER = "split_tail"
 
 
 def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
@@ -98,9 +103,10 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
     ``cluster_size`` is wgmma_persistent's, for benchmarks and tests: None
     (the kernel picks: CTA pairs wherever the output has more than one row of
     tiles), 1 (no clusters) or 2 (CTA pairs share B by TMA multicast); other
-    rungs ignore it. ``tile_order`` None is DEFAULT_TILE_ORDER, or "grouped"
-    with cluster_size 2; pairs of CTAs walk a static order, so where the kernel
-    picks pairs, the dynamic order runs as grouped.
+    rungs ignore it. ``tile_order`` None is DEFAULT_TILE_ORDER; pairs of CTAs
+    walk a static order, so where the kernel picks pairs, the dynamic order
+    runs as grouped and the split-tail order splits a static one (forcing
+    cluster_size 2 with the dynamic order is an error).
     """
     _check_kernel_name(kernel)
     named = {names[0]: a, names[1]: b}
@@ -124,7 +130,7 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
     if rung.chunk_elements:
         a, b = kernel_operands(a, b, rung.chunk_elements)
     if tile_order is None:
-        tile_order = "grouped" if cluster_size == 2 else DEFAULT_TILE_ORDER
+        tile_order = DEFAULT_TILE_ORDER
     if rung.name == "wgmma_persistent":
         ops.wgmma_persistent(a, b, bias, out, timeline, TILE_ORDERS[tile_order], cluster_size or 0)
     elif rung.takes_tile_order:
@@ -222,11 +228,12 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
                     tile_order: str = DEFAULT_TILE_ORDER) -> tuple[torch.Tensor, torch.Tensor]:
     """``a @ b`` through the instrumented build of a tensor-core rung.
 
-    ``tile_order`` ("grouped", "hilbert" or "dynamic") is the persistent
-    rungs' tile order; the one-CTA-per-tile rungs always run in grouped order.
-    "dynamic" runs as grouped where it would assign the same tiles (a grid
-    that holds every tile) and for wgmma_persistent's CTA pairs, which walk a
-    static order.
+    ``tile_order`` ("grouped", "hilbert", "dynamic" or "split_tail") is the
+    persistent rungs' tile order; the one-CTA-per-tile rungs always run in
+    grouped order. "dynamic" runs as grouped where it would assign the same
+    tiles (a grid that holds every tile) and for wgmma_persistent's CTA pairs,
+    which walk a static order; "split_tail" runs as "dynamic" here (the
+    instrumented build records whole tiles).
 
     Returns (out, timeline): timeline is int64 [tiles, 6], one row per output
     tile with the columns of TIMELINE_COLUMNS, read from %smid and

@@ -1,0 +1,156 @@
+"""GPU tests of the persistent rungs' split-tail order: the tiles of the last,
+ragged round split in K into parts that run at once, partial sums handed from
+part to part through a workspace kept per stream (csrc/tile_scheduler.cuh).
+
+Bit-exact small-integer products catch a lost, doubled or stale partial sum:
+each call gets fresh operands and a poisoned output. Run with
+``python -m pytest -m gpu tests`` on a machine with a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from matmul_checks import (TOLERANCE, check_exact, exact_int_bias, exact_int_operands, matmul_error, poison,
+                           random_operands)
+
+pytestmark = pytest.mark.gpu
+
+# (kernel, cluster_size): wgmma_persistent in CTA pairs (its default) and single.
+SPLIT_RUNS = [("persistent", None), ("wgmma_persistent", None), ("wgmma_persistent", 1)]
+RUN_IDS = ["persistent", "wgmma_persistent", "wgmma_persistent-cluster1"]
+
+# Shapes whose tiles do not make whole waves on a 132-SM H200: the last round
+# splits into 2 (1700 x 3400 x 520, also in pairs), 4 (2000 x 4200 x 1024), 5
+# (3000^3, K tail) and 8 parts (2000 x 4200 x 4096, the most).
+SPLIT_SHAPES = [(1700, 3400, 520), (2000, 4200, 1024), (3000, 3000, 3000), (2000, 4200, 4096)]
+
+
+def skip_unless_runs(pm, kernel):
+    info = pm.available_kernels()[kernel]
+    if not info.available:
+        pytest.skip(f"{kernel}: {info.reason}")
+
+
+def split_parts(tiles: int, ctas: int, k: int) -> int:
+    """Parts per split tile, as tc::SplitTail computes them (64-deep k-blocks,
+    at least 4 a part, at most 8 parts)."""
+    rest = tiles % ctas
+    parts = 1 if tiles <= ctas or rest == 0 else min(ctas // rest, -(-k // 64) // 4, 8)
+    return parts if parts >= 2 else 1
+
+
+def assert_tiles_are_split(pm, kernel, cluster_size, m, n, k):
+    """The shape's last round is split (single CTAs; pairs split their own
+    rounds of tile pairs): otherwise a test here would test nothing."""
+    if cluster_size is None and kernel == "wgmma_persistent":
+        return
+    cfg = pm.tile_config(m, n, kernel=kernel)
+    assert split_parts(cfg["tiles"], cfg["persistent_ctas"], k) > 1, cfg
+
+
+def split_tail(pm, a, b, bias, out, kernel, cluster_size):
+    return pm._matmul._run(a, b, bias, out, kernel, tile_order="split_tail", cluster_size=cluster_size)
+
+
+@pytest.mark.parametrize("kernel, cluster_size", SPLIT_RUNS, ids=RUN_IDS)
+@pytest.mark.parametrize("m, n, k", SPLIT_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_split_tail_is_exact(pm, kernel, cluster_size, m, n, k, dtype):
+    skip_unless_runs(pm, kernel)
+    assert_tiles_are_split(pm, kernel, cluster_size, m, n, k)
+    a, b = exact_int_operands(m, n, k, dtype, "cuda", headroom=1)
+    bias = exact_int_bias(n, dtype, "cuda")
+    out = poison(torch.empty(m, n, dtype=dtype, device="cuda"))
+    split_tail(pm, a, b, bias, out, kernel, cluster_size)
+    torch.cuda.synchronize()
+    assert check_exact(out, a, b, bias) == 0
+
+
+@pytest.mark.parametrize("kernel, cluster_size", SPLIT_RUNS, ids=RUN_IDS)
+@pytest.mark.parametrize("b_transposed", [False, True], ids=["b-n-major", "b-k-major"])
+def test_split_tail_random_inputs(pm, kernel, cluster_size, b_transposed):
+    """Random normal inputs in both B layouts, against the fp64 reference."""
+    skip_unless_runs(pm, kernel)
+    m, n, k = 2000, 4200, 1000
+    assert_tiles_are_split(pm, kernel, cluster_size, m, n, k)
+    a, b = random_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=b_transposed)
+    out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
+    split_tail(pm, a, b, None, out, kernel, cluster_size)
+    torch.cuda.synchronize()
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("kernel, cluster_size", SPLIT_RUNS, ids=RUN_IDS)
+def test_split_tail_starts_afresh_every_call(pm, kernel, cluster_size):
+    """The workspace's flags are zero again after each launch: back-to-back calls
+    with new operands, on the default and on a side stream (a workspace each), all
+    bit-exact: no partial sum of an earlier call is taken."""
+    skip_unless_runs(pm, kernel)
+    m, n, k = 2000, 4200, 1024
+    assert_tiles_are_split(pm, kernel, cluster_size, m, n, k)
+    operands = [exact_int_operands(m, n, k, torch.bfloat16, "cuda") for _ in range(6)]
+    outs = [poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda")) for _ in operands]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the operands and poison are written
+    for i, ((a, b), out) in enumerate(zip(operands, outs)):
+        with torch.cuda.stream(side if i % 3 == 2 else torch.cuda.current_stream()):
+            split_tail(pm, a, b, None, out, kernel, cluster_size)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    for i, ((a, b), out) in enumerate(zip(operands, outs)):
+        assert check_exact(out, a, b) == 0, f"call {i}: wrong or missing partial sums"
+
+
+@pytest.mark.parametrize("kernel, cluster_size", SPLIT_RUNS, ids=RUN_IDS)
+def test_split_tail_in_a_cuda_graph(pm, kernel, cluster_size):
+    """Captured into a CUDA graph, the split-tail order gets a workspace of the
+    graph's own: replays with new inputs, interleaved with eager calls on the same
+    stream (the stream's workspace), all bit-exact."""
+    skip_unless_runs(pm, kernel)
+    m, n, k = 1700, 3400, 520
+    assert_tiles_are_split(pm, kernel, cluster_size, m, n, k)
+    a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
+    out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        split_tail(pm, a, b, None, out, kernel, cluster_size)  # warm-up: tensor maps, occupancy, workspace
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            split_tail(pm, a, b, None, out, kernel, cluster_size)
+        for replay in range(3):
+            a2, b2 = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
+            a.copy_(a2)
+            b.copy_(b2)
+            out.copy_(poison(torch.empty_like(out)))
+            graph.replay()
+            eager = poison(torch.empty_like(out))
+            split_tail(pm, a, b, None, eager, kernel, cluster_size)
+            stream.synchronize()
+            assert check_exact(out, a, b) == 0, f"replay {replay}: wrong or missing partial sums"
+            assert check_exact(eager, a, b) == 0, f"eager call after replay {replay}: wrong or missing partial sums"
+
+
+@pytest.mark.parametrize("kernel", ["persistent", "wgmma_persistent"])
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (64, 64, 4096), (4097, 4097, 64), (2000, 4200, 200)])
+def test_split_tail_where_nothing_splits(pm, kernel, m, n, k):
+    """Grids that hold every tile, and K too short to split: the order runs whole tiles."""
+    skip_unless_runs(pm, kernel)
+    a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
+    out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
+    split_tail(pm, a, b, None, out, kernel, None)
+    torch.cuda.synchronize()
+    assert check_exact(out, a, b) == 0
+
+
+def test_split_tail_timeline_records_every_tile(pm):
+    """The instrumented build runs the split-tail order as the dynamic one: whole tiles, each once."""
+    skip_unless_runs(pm, "persistent")
+    a, b = random_operands(2000, 4200, 320, torch.bfloat16, "cuda")
+    out, timeline = pm.matmul_timeline(a, b, kernel="persistent", tile_order="split_tail")
+    torch.cuda.synchronize()
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+    cfg = pm.tile_config(2000, 4200, kernel="persistent")
+    assert timeline.shape[0] == cfg["tiles"] and bool((timeline[:, 4] < timeline[:, 5]).all())
