@@ -690,16 +690,13 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       const KRange range = k_range_of(tiles, k_blocks);
       consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, d);
       const UnitRole role = role_of(tiles);
-      if (width == 0) {
-        // rows below the output: nothing to store
-      } else if (role.part >= 0 && role.part < role.parts - 1) {
+      if (width > 0 && role.part >= 0 && role.part < role.parts - 1) {
         hand_over_partial<Shape>(p, role, consumer, d);  // a part of a tile another unit stores
         continue;
-      } else if (role.part > 0) {
-        take_over_partials<Shape>(p, role, consumer, d);  // the last part: then store the tile as below
       }
+      if (width > 0 && role.part > 0) take_over_partials<Shape>(p, role, consumer, d);  // the last part
       if (width == 0) {
-        // nothing to store
+        // rows below the output: nothing to store
       } else if (store_by_tma) {
         store_tile_tma<T, Shape>(p, map_out, smem.out_staging, tile, consumer, d);
       } else if (p.out_stride_n == 1) {

@@ -125,74 +125,60 @@ cudaStream_t current_stream(int32_t device) {
   return static_cast<cudaStream_t>(stream);
 }
 
-// The dynamic tile order's counter for launches on `stream`: one uint32 per
-// device and stream, allocated and zeroed on first use and kept for the
-// process. Each launch leaves it at zero for the next (claim_tile_index),
-// and launches on one stream run one after another, so they never share it
-// at the same time; a call costs a lookup, not an allocation and a fill.
-uint32_t* stream_tile_counter(int32_t device, cudaStream_t stream) {
-  static std::mutex mutex;
-  static std::map<std::pair<int32_t, cudaStream_t>, uint32_t*> counters;
-  const std::lock_guard<std::mutex> lock(mutex);
-  uint32_t*& counter = counters[{device, stream}];
-  if (counter == nullptr) {
-    void* memory = nullptr;
-    const cudaError_t err = cudaMalloc(&memory, sizeof(uint32_t));
-    STD_TORCH_CHECK(err == cudaSuccess && cudaMemsetAsync(memory, 0, sizeof(uint32_t), stream) == cudaSuccess,
-                    "persistent_matmul: could not allocate the dynamic tile order's counter: ",
-                    cudaGetErrorString(err == cudaSuccess ? cudaGetLastError() : err));
-    counter = static_cast<uint32_t*>(memory);
-  }
-  return counter;
-}
+// The persistent rungs' scratch memory for one launch: the dynamic and
+// split-tail orders' tile counter (a uint32, in the first 16 bytes), then the
+// split-tail order's workspace (matmul_problem.h: the partial-sum slots of
+// the device's SMs, then their flags). Zero at launch where it matters: each
+// launch leaves the counter and the flags zero again (claim_tile_index,
+// wait_and_clear_flag).
+constexpr int64_t kCounterBytes = 16;
 
-// The split-tail order's workspace (matmul_problem.h) for the device's SMs:
-// the partial-sum slots, then the flags.
-int64_t split_workspace_bytes(int32_t device) {
+int64_t scratch_bytes(int32_t device) {
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return sms * (persistent_matmul::kSplitPartialBytesPerSm + persistent_matmul::kSplitFlagsPerSm * 4);
+  return kCounterBytes + sms * (persistent_matmul::kSplitPartialBytesPerSm + persistent_matmul::kSplitFlagsPerSm * 4);
 }
 
-void point_at_split_workspace(MatmulProblem& problem, char* workspace, int32_t device) {
+void point_at_scratch(MatmulProblem& problem, char* scratch, int32_t device) {
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  problem.partials = reinterpret_cast<float*>(workspace);
-  problem.partial_flags = reinterpret_cast<uint32_t*>(workspace + sms * persistent_matmul::kSplitPartialBytesPerSm);
+  problem.tile_counter = reinterpret_cast<uint32_t*>(scratch);
+  problem.partials = reinterpret_cast<float*>(scratch + kCounterBytes);
+  problem.partial_flags =
+      reinterpret_cast<uint32_t*>(scratch + kCounterBytes + sms * persistent_matmul::kSplitPartialBytesPerSm);
 }
 
-// The split-tail workspace for launches on `stream`, as the dynamic order's
-// counter: allocated with its flags zeroed on first use and kept; each
-// launch leaves the flags zero (wait_and_clear_flag), and launches on one
-// stream never overlap.
-char* split_workspace(int32_t device, cudaStream_t stream) {
+// The scratch memory for launches on `stream`: allocated and zeroed on first
+// use and kept for the process. Launches on one stream run one after another,
+// so they never share it at the same time; a call costs a lookup, not an
+// allocation and a fill.
+char* stream_scratch(int32_t device, cudaStream_t stream) {
   static std::mutex mutex;
-  static std::map<std::pair<int32_t, cudaStream_t>, char*> workspaces;
+  static std::map<std::pair<int32_t, cudaStream_t>, char*> scratches;
   const std::lock_guard<std::mutex> lock(mutex);
-  char*& workspace = workspaces[{device, stream}];
-  if (workspace == nullptr) {
+  char*& scratch = scratches[{device, stream}];
+  if (scratch == nullptr) {
     void* memory = nullptr;
-    const int64_t bytes = split_workspace_bytes(device);
+    const int64_t bytes = scratch_bytes(device);
     const cudaError_t err = cudaMalloc(&memory, bytes);
     STD_TORCH_CHECK(err == cudaSuccess && cudaMemsetAsync(memory, 0, bytes, stream) == cudaSuccess,
-                    "persistent_matmul: could not allocate the split-tail order's workspace (", bytes, " bytes): ",
+                    "persistent_matmul: could not allocate the tile orders' scratch memory (", bytes, " bytes): ",
                     cudaGetErrorString(err == cudaSuccess ? cudaGetLastError() : err));
-    workspace = static_cast<char*>(memory);
+    scratch = static_cast<char*>(memory);
   }
-  return workspace;
+  return scratch;
 }
 
 // Sets the problem's tile order; the dynamic and split-tail orders also get
-// their tile counter and the split-tail order its workspace: the stream's, or
-// while the stream is being captured into a CUDA graph, fresh zeroed ones
-// from torch's allocator (cudaMalloc may not run during capture, and the
-// graph may be replayed on any stream; the zero-fill is part of the graph).
-// That tensor is returned: it must outlive the launch call.
+// the scratch memory: the stream's, or while the stream is being captured
+// into a CUDA graph, a fresh zeroed one from torch's allocator (cudaMalloc
+// may not run during capture, and the graph may be replayed on any stream;
+// the zero-fill is part of the graph). That tensor is returned: it must
+// outlive the launch call.
 std::optional<Tensor> set_tile_order(MatmulProblem& problem, const Tensor& a, int64_t tile_order) {
   check_tile_order(tile_order);
   problem.tile_order = static_cast<int32_t>(tile_order);
   if (tile_order != 2 && tile_order != 3) return std::nullopt;
-  const bool split = tile_order == 3;
   const int32_t device = a.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(device);
   const cudaStream_t stream = current_stream(device);
@@ -200,16 +186,11 @@ std::optional<Tensor> set_tile_order(MatmulProblem& problem, const Tensor& a, in
   STD_TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess,
                   "persistent_matmul: could not query the stream's capture status");
   if (capture == cudaStreamCaptureStatusNone) {
-    problem.tile_counter = stream_tile_counter(device, stream);
-    if (split) point_at_split_workspace(problem, split_workspace(device, stream), device);
+    point_at_scratch(problem, stream_scratch(device, stream), device);
     return std::nullopt;
   }
-  // Captured: one zeroed allocation holds the counter (first 16 bytes) and the workspace.
-  const int64_t bytes = 16 + (split ? split_workspace_bytes(device) : 0);
-  Tensor scratch = torch::stable::new_zeros(a, {bytes}, ScalarType::Byte);
-  char* base = static_cast<char*>(scratch.data_ptr());
-  problem.tile_counter = reinterpret_cast<uint32_t*>(base);
-  if (split) point_at_split_workspace(problem, base + 16, device);
+  Tensor scratch = torch::stable::new_zeros(a, {scratch_bytes(device)}, ScalarType::Byte);
+  point_at_scratch(problem, static_cast<char*>(scratch.data_ptr()), device);
   return scratch;
 }
 
