@@ -51,7 +51,7 @@ __device__ __forceinline__ void copy_chunk_16(uint32_t dst, const void* src, int
                : "memory");
 }
 
-// A flag in global memory that one CTA sets for another (the stream-K
+// A flag in global memory that one CTA sets for another (the split-tail
 // order's partial tiles, tile_scheduler.cuh): the setter's earlier writes
 // are visible to a reader that has seen the flag set (release / acquire at
 // GPU scope; sm_70 and newer).

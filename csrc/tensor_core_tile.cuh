@@ -639,7 +639,7 @@ struct Tile {
 #endif
   }
 
-  // The operands of k-blocks [k_begin, k_end) of a product (a stream-K unit,
+  // The operands of k-blocks [k_begin, k_end) of a product (a split-tail unit,
   // tile_scheduler.cuh): the same matrices from k = k_begin * BK on, K cut to
   // the unit's depth. A unit that ends at the product's K keeps its K tail.
   static __device__ __forceinline__ TileOperands k_blocks_of(const TileOperands& op, int k_begin, int k_end) {
@@ -651,7 +651,7 @@ struct Tile {
     return unit;
   }
 
-  // A stream-K partial tile in a slot of BM x BN floats in global memory:
+  // A split-tail partial tile in a slot of BM x BN floats in global memory:
   // each thread's accumulators as float4s, thread-minor (coalesced), through
   // L2 only (.cg: the slot is written by one CTA and read by another).
   static __device__ __forceinline__ void write_partial(float* slot, const float (&acc)[S::MMA_M][S::MMA_N][4]) {
