@@ -12,7 +12,8 @@
 // the copy runs during the next tile's mainloop. In the split-tail order the
 // tiles of the last, ragged round are split in K into parts that run on
 // otherwise idle SMs, their partial sums passed on through global memory
-// (tc::SplitTail).
+// (tc::SplitTail). Where the grid would hold every tile, each CTA would run
+// one: the launch runs `tiled`'s kernel, which is that schedule.
 #include "tensor_core_launch.cuh"
 
 namespace persistent_matmul {
@@ -190,6 +191,11 @@ cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device
     constexpr auto kernel = persistent_kernel<T, Shape, kKMajor, TIMELINE, false>;
     const int64_t tiles = ceil_div(problem.m, Shape::BM) * ceil_div(problem.n, Shape::BN);
     const int64_t grid = persistent_grid<kernel>(Shape::THREADS, tc::smem_request<Shape>(device), device, tiles);
+    // A grid that holds every tile gives each CTA one tile in every order:
+    // that is `tiled`'s schedule, and tiled's kernel runs it without the
+    // loop's extra code (on the H200 persistent_kernel ran such grids 9%
+    // slower at 16x4096x4096: 45.1 against 41.3 us a call, 2026-12-02).
+    if (tiles <= grid) return launch_tiled(problem, stream);
     MatmulProblem p = problem;
     if (p.tile_order == int32_t(tc::TileOrder::kSplitTail)) {
       // The instrumented build records whole tiles: it runs the dynamic order too.

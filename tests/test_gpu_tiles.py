@@ -192,6 +192,23 @@ def test_persistent_grid_fills_the_device_once(pm):
     assert cfg["persistent_ctas"] % sms == 0
 
 
+@pytest.mark.parametrize("order", ["grouped", "hilbert", "dynamic", "split_tail"])
+@pytest.mark.parametrize("m, n, k", [(16, 4096, 512), (1000, 1000, 300)])
+def test_persistent_grid_that_holds_every_tile_runs_one_tile_per_cta(pm, order, m, n, k):
+    """Where the persistent grid would hold every tile, every order gives each CTA
+    one tile, so the launch runs tiled's schedule (csrc/persistent.cu): as many
+    CTAs as tiles, one tile each -- also in the Hilbert order, whose stride over a
+    covering square would leave some CTAs without a tile."""
+    cfg = pm.tile_config(m, n, kernel="persistent")
+    assert cfg["tiles"] <= cfg["persistent_ctas"], cfg
+    a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
+    out, timeline = pm.matmul_timeline(a, b, kernel="persistent", tile_order=order)
+    torch.cuda.synchronize()
+    assert check_exact(out, a, b) == 0
+    cta = timeline.cpu()[:, 3]
+    assert sorted(cta.tolist()) == list(range(cfg["tiles"])), "one CTA per tile"
+
+
 def test_wgmma_persistent_grid_is_one_cta_per_sm(pm):
     """Its shared memory fits one CTA on an SM: the grid is the SM count."""
     skip_unless_runs(pm, "wgmma_persistent")
