@@ -6,7 +6,9 @@ For each rung with a timeline (default: every available one), in its default
 tile order or ORDER (a persistent rung's "hilbert" or "dynamic"): CTAs and SMs that
 ran tiles, tiles per CTA, median tile time, the median gap between one CTA's
 consecutive tiles (from one tile's stored results to the next tile's first
-k-block), the makespan, and how many tiles ran at once at most and on average:
+k-block) per CTA and per SM, the SMs' idle share of the makespan (what a better
+schedule of the same tiles could save at most), the makespan, and how many
+tiles ran at once at most and on average:
 a grid that cannot be resident at once shows as a concurrency well under the
 CTA count. Median tile times at two depths K of one M x N give the per-tile
 cost that does not grow with K (epilogue, pipeline fill) by extrapolation.
@@ -57,9 +59,20 @@ def main() -> int:
             rows = rows[rows[:, 4].argsort()]
             gaps += (rows[1:, 4] - rows[:-1, 5]).tolist()
         gap = f"{float(torch.tensor(gaps).float().median()) / 1e3:.2f} us" if gaps else "-"
+        # The same per SM (one-CTA-per-tile rungs: from one CTA's end to the next
+        # CTA's start there), and the SMs' idle share of the makespan: the most a
+        # better schedule of the same tiles could save.
+        sm_gaps, sms = [], sorted(set(t[:, 2].tolist()))
+        for s in sms:
+            rows = t[t[:, 2] == s]
+            rows = rows[rows[:, 4].argsort()]
+            sm_gaps += (rows[1:, 4] - rows[:-1, 5]).tolist()
+        sm_gap = f"{float(torch.tensor(sm_gaps).float().median()) / 1e3:.2f} us" if sm_gaps else "-"
+        idle = 1 - busy / max(makespan * torch.cuda.get_device_properties(0).multi_processor_count, 1)
         print(f"{name} {m}x{n}x{k}: {t.shape[0]} tiles on {len(set(t[:, 3].tolist()))} CTAs, "
               f"{len(set(t[:, 2].tolist()))} SMs; tiles per CTA {int(per_cta.min())}..{int(per_cta.max())}; "
-              f"median tile {float((end - start).float().median()) / 1e3:.2f} us; median gap {gap}; "
+              f"median tile {float((end - start).float().median()) / 1e3:.2f} us; median gap {gap} (per CTA), "
+              f"{sm_gap} (per SM); SMs idle {100 * idle:.1f}% of the makespan; "
               f"makespan {makespan / 1e3:.1f} us; "
               f"tiles at once: peak {peak}, mean {busy / max(makespan, 1):.1f}", flush=True)
     return 0

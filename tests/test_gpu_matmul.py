@@ -274,6 +274,29 @@ def test_cpu_argument_to_matmul_is_named(pm, cpu_arg, with_out):
         pm.matmul(tensors["a"], tensors["b"], out=tensors["out"])
 
 
+def test_cuda_arguments_get_the_same_errors(pm):
+    """matmul checks all-CUDA arguments of one dtype on a short path; whatever that
+    path lets through, the full checks still raise the errors that name the problem."""
+    a = torch.randn(8, 4, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(4, 5, device=DEVICE, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"^mixed dtypes are not supported: a is torch\.bfloat16, b is torch\.float16$"):
+        pm.matmul(a, b.half())
+    with pytest.raises(TypeError, match=r"^out has dtype torch\.float16, expected torch\.bfloat16"):
+        pm.matmul(a, b, out=torch.empty(8, 5, device=DEVICE, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"^out has shape \(8, 4\), expected \(8, 5\)$"):
+        pm.matmul(a, b, out=torch.empty(8, 4, device=DEVICE, dtype=torch.bfloat16))
+    square = torch.randn(8, 8, device=DEVICE, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^out overlaps a in memory"):
+        pm.matmul(square, torch.randn(8, 5, device=DEVICE, dtype=torch.bfloat16), out=square[:, :5])
+    with pytest.raises(ValueError, match=r"^out has overlapping elements"):
+        pm.matmul(a, b, out=torch.empty(1, 5, device=DEVICE, dtype=torch.bfloat16).expand(8, 5))
+    with pytest.raises(TypeError, match=r"mixed dtypes are not supported: .*bias is torch\.float16"):
+        pm.linear(a, b.t().contiguous(), torch.zeros(5, device=DEVICE, dtype=torch.float16))
+    out = torch.empty(8, 5, device=DEVICE, dtype=torch.bfloat16)
+    assert pm.matmul(a, b, kernel="naive", out=out) is out
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+
+
 @pytest.mark.parametrize("cpu_arg", ["x", "weight", "bias"])
 def test_cpu_argument_to_linear_is_named(pm, cpu_arg):
     """linear's errors name linear's own arguments (x, weight, bias)."""

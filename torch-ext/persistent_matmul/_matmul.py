@@ -6,10 +6,24 @@ import torch
 
 from ._ops import ops
 from ._rungs import AUTO_ORDER, RUNGS, Rung, availability
-from ._validate import check_cuda, check_out, check_same_dtype, check_tensor
+from ._validate import check_cuda, check_out, check_same_dtype, check_tensor, same_cuda_device_and_dtype
+
+
+# The rung each (kernel, dtype, device) resolved to: matmul resolves it on every
+# call, and a device's rungs do not change within a process. Failures are not
+# kept (they raise, and raise again the next time).
+_CHOSEN: dict[tuple[str, torch.dtype, torch.device], Rung] = {}
 
 
 def _choose_rung(kernel: str, dtype: torch.dtype, device: torch.device) -> Rung:
+    key = (kernel, dtype, device)
+    rung = _CHOSEN.get(key)
+    if rung is None:
+        rung = _CHOSEN[key] = _resolve_rung(kernel, dtype, device)
+    return rung
+
+
+def _resolve_rung(kernel: str, dtype: torch.dtype, device: torch.device) -> Rung:
     if kernel == "auto":
         for name in AUTO_ORDER:
             if dtype in RUNGS[name].dtypes and availability(name, device).available:
@@ -26,7 +40,12 @@ def _choose_rung(kernel: str, dtype: torch.dtype, device: torch.device) -> Rung:
     return rung
 
 
+_KERNEL_NAMES = frozenset(("auto", *RUNGS))
+
+
 def _check_kernel_name(kernel) -> None:
+    if isinstance(kernel, str) and kernel in _KERNEL_NAMES:
+        return
     choices = ", ".join(["auto", *RUNGS])
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a str (one of: {choices}), got {type(kernel).__name__}")
@@ -64,15 +83,17 @@ def kernel_operands(a: torch.Tensor, b: torch.Tensor, chunk: int) -> tuple[torch
     """
     m, k = a.shape
     n = b.shape[1]
+    a_stride_m, a_stride_k = a.stride()
+    b_stride_k, b_stride_n = b.stride()
     # Rows must not overlap (a leading stride below the row length, e.g. 0 from
     # expand(), is copied too): the Hopper rungs' tensor maps need that.
-    if not (_aligned(a) and (a.stride(1) == 1 or k == 1) and (m == 1 or (a.stride(0) % chunk == 0
-                                                                         and a.stride(0) >= k))):
+    if not (_aligned(a) and (a_stride_k == 1 or k == 1) and (m == 1 or (a_stride_m % chunk == 0
+                                                                         and a_stride_m >= k))):
         a = _padded_copy(a, contiguous_dim=1, chunk=chunk)
-    k_major = (b.stride(0) == 1 or k == 1) and (n == 1 or (b.stride(1) % chunk == 0 and b.stride(1) >= k))
-    n_major = (b.stride(1) == 1 or n == 1) and (k == 1 or (b.stride(0) % chunk == 0 and b.stride(0) >= n))
+    k_major = (b_stride_k == 1 or k == 1) and (n == 1 or (b_stride_n % chunk == 0 and b_stride_n >= k))
+    n_major = (b_stride_n == 1 or n == 1) and (k == 1 or (b_stride_k % chunk == 0 and b_stride_k >= n))
     if not (_aligned(b) and (k_major or n_major)):
-        b = _padded_copy(b, contiguous_dim=0 if b.stride(0) == 1 else 1, chunk=chunk)
+        b = _padded_copy(b, contiguous_dim=0 if b_stride_k == 1 else 1, chunk=chunk)
     return a, b
 
 
@@ -109,14 +130,20 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
     cluster_size 2 with the dynamic order is an error).
     """
     _check_kernel_name(kernel)
-    named = {names[0]: a, names[1]: b}
-    if bias is not None:
-        named["bias"] = bias
-    dtype = check_same_dtype(named)
     m, n = a.shape[0], b.shape[1]
-    if out is not None:
-        check_out(out, (m, n), dtype, named)
-    device = check_cuda(named if out is None else {**named, "out": out})
+    dtype = a.dtype
+    if same_cuda_device_and_dtype(a, b, bias, out):
+        device = a.device  # the common case, checked without building the error messages' dicts
+        if out is not None:
+            check_out(out, (m, n), dtype, {names[0]: a, names[1]: b, "bias": bias})
+    else:
+        named = {names[0]: a, names[1]: b}
+        if bias is not None:
+            named["bias"] = bias
+        dtype = check_same_dtype(named)
+        if out is not None:
+            check_out(out, (m, n), dtype, named)
+        device = check_cuda(named if out is None else {**named, "out": out})
     rung = _choose_rung(kernel, dtype, device)
     if out is None:
         out = torch.empty((m, n), dtype=dtype, device=device)

@@ -9,6 +9,7 @@ from ._rungs import ALL_DTYPES
 # Kernels index with 64-bit arithmetic, but grid dimensions and tile counts are
 # 32-bit: reject sizes no GPU could hold rather than overflow silently.
 MAX_DIM = 2**31 - 1
+_ALL_DTYPE_SET = frozenset(ALL_DTYPES)
 
 
 def _dtype_names(dtypes) -> str:
@@ -16,17 +17,20 @@ def _dtype_names(dtypes) -> str:
 
 
 def check_tensor(t, name: str, ndim: int | tuple[int, ...]) -> None:
+    """t is a tensor with ndim dims (or one of the ndim tuple's), a supported dtype
+    and sizes a kernel can index. matmul calls this for each operand on every
+    call, so the passing path builds no strings."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     dims = (ndim,) if isinstance(ndim, int) else ndim
     if t.dim() not in dims:
         want = " or ".join(f"{d}-D" for d in dims)
         raise ValueError(f"{name} must be {want}, got a {t.dim()}-D tensor of shape {tuple(t.shape)}")
-    if t.dtype not in ALL_DTYPES:
+    if t.dtype not in _ALL_DTYPE_SET:
         raise TypeError(f"{name} has dtype {t.dtype}; supported dtypes are {_dtype_names(ALL_DTYPES)}")
-    for d, size in enumerate(t.shape):
-        if size > MAX_DIM:
-            raise ValueError(f"{name} has size {size} in dim {d}; at most {MAX_DIM} is supported")
+    if max(t.shape, default=0) > MAX_DIM:
+        d, size = next((d, size) for d, size in enumerate(t.shape) if size > MAX_DIM)
+        raise ValueError(f"{name} has size {size} in dim {d}; at most {MAX_DIM} is supported")
 
 
 def check_same_dtype(named: dict[str, torch.Tensor]) -> torch.dtype:
@@ -63,7 +67,7 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     Conservative: a layout whose dims interleave without colliding (rare, only
     from as_strided) also counts as overlapping and is rejected as an ``out``.
     """
-    if t.numel() == 0:
+    if t.numel() == 0 or t.is_contiguous():
         return False
     dims = sorted((abs(st), sz) for sz, st in zip(t.shape, t.stride()) if sz > 1)
     reach = 0  # largest offset reachable with the dims seen so far
@@ -87,6 +91,15 @@ def check_out(out, shape: tuple[int, int], dtype: torch.dtype, inputs: dict) -> 
     for name, t in inputs.items():
         if t is not None and overlaps(out, t):
             raise ValueError(f"out overlaps {name} in memory; pass an out that shares no memory with the inputs")
+
+
+def same_cuda_device_and_dtype(a: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """Whether a and the others (None entries skipped) are CUDA tensors of one device
+    and one dtype: the common case, which check_same_dtype and check_cuda would
+    pass. When it is False the caller runs those checks, which raise or explain."""
+    dtype, index = a.dtype, a.get_device()
+    return a.is_cuda and all(t is None or (t.is_cuda and t.dtype is dtype and t.get_device() == index)
+                             for t in others)
 
 
 def check_cuda(named: dict[str, torch.Tensor]) -> torch.device:
