@@ -32,7 +32,7 @@ struct MatmulProblem {
   // tile indices from `tile_counter`: one uint32 in device memory, zero at
   // launch (the launch sets it back to zero as it ends: claim_tile_index).
   // Split tail hands partial sums of split tiles from CTA to CTA through
-  // `partials` (a slot of BM x BN floats per split part, a tile's last part aside) and `partial_flags`
+  // `partials` (a slot of BM x BN floats per split unit) and `partial_flags`
   // (kSplitFlagsPerSlot per slot, zero at launch; the launch leaves them
   // zero), sized per SM of the device (kSplitPartialBytesPerSm, kSplitFlagsPerSm).
   int32_t tile_order = 0;
@@ -45,16 +45,16 @@ struct MatmulProblem {
 };
 
 // The split-tail order's workspace per SM of the device: the partial-sum
-// slots of the split units (fewer than two per CTA of the grid: the units
-// fill at most two rounds; an SM runs one CTA of 128 x 256 fp32 tiles or two
-// of 128 x 128) and two flags per slot (one per consumer warpgroup in
-// wgmma_persistent). A launch whose split needs more runs the dynamic order.
-constexpr int64_t kSplitPartialBytesPerSm = 2 * 128 * 256 * 4;
+// slots of the split units (at most one per CTA of the grid, and an SM holds
+// one 128 x 256 fp32 tile, two 128 x 128 or eight 64 x 64) and two flags per
+// slot (one per consumer warpgroup in wgmma_persistent). A launch whose grid
+// needs more runs the dynamic order.
+constexpr int64_t kSplitPartialBytesPerSm = 128 * 256 * 4;
 constexpr int64_t kSplitFlagsPerSlot = 2;
 constexpr int64_t kSplitFlagsPerSm = 8 * kSplitFlagsPerSlot;
-// Whether `slots` partial-sum slots of BM x BN floats fit the workspace of `sms` SMs.
-inline bool split_workspace_fits(int64_t slots, int64_t bm, int64_t bn, int64_t sms) {
-  return slots * bm * bn * 4 <= sms * kSplitPartialBytesPerSm && slots * kSplitFlagsPerSlot <= sms * kSplitFlagsPerSm;
+// Whether `ctas` CTAs with BM x BN tiles fit the workspace of `sms` SMs.
+inline bool split_workspace_fits(int64_t ctas, int64_t bm, int64_t bn, int64_t sms) {
+  return ctas * bm * bn * 4 <= sms * kSplitPartialBytesPerSm && ctas * kSplitFlagsPerSlot <= sms * kSplitFlagsPerSm;
 }
 
 // How the tensor-core rungs cut a problem into output tiles on this device.

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_ke
     const int part = SPLIT ? split.part_of(index) : -1;
     if (SPLIT && part >= 0 && part < split.parts - 1) {
       // Not the tile's last part: pass the partial sums on.
-      const int64_t slot = split.slot_of(index);
+      const int64_t slot = index - split.whole;
       Tile::write_partial(p.partials + slot * Shape::BM * Shape::BN, acc);
       __threadfence();
       __syncthreads();
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_ke
     } else {
       if (SPLIT && part > 0) {
         // The last part of a split tile: add the others.
-        const int64_t first_slot = split.slot_of(index) - part;
+        const int64_t first_slot = index - split.whole - part;
         if (threadIdx.x == 0) {
           for (int j = 0; j < part; ++j) wait_and_clear_flag(p.partial_flags + (first_slot + j) * kSplitFlagsPerSlot);
         }
@@ -171,15 +171,15 @@ cudaError_t launch_kernel(const MatmulProblem& p, cudaStream_t stream, int devic
 }
 
 // Whether the split-tail order splits anything here: tiles of the 128x256 or
-// 128x128 shapes whose last round SplitTail cuts in parts, with slots that
-// fit the workspace. Elsewhere the order runs as the dynamic one, which then
+// 128x128 shapes whose last round SplitTail cuts in parts, with a grid that
+// fits the workspace. Elsewhere the order runs as the dynamic one, which then
 // assigns the same whole tiles: the split kernel's extra work per unit cost
 // 1-8% on the H200 at shapes it does not split (2026-12-02).
 template <typename Shape>
 bool splits_tail(const MatmulProblem& p, int device, int64_t tiles, int64_t grid) {
-  if (Shape::BM * Shape::BN < 128 * 128 || p.partials == nullptr) return false;
-  const tc::SplitTail split(tiles, int(ceil_div(p.k, Shape::BK)), grid);
-  return split.parts > 1 && split_workspace_fits(split.slots(), Shape::BM, Shape::BN, tc::sm_count(device));
+  return Shape::BM * Shape::BN >= 128 * 128 && p.partials != nullptr &&
+         split_workspace_fits(grid, Shape::BM, Shape::BN, tc::sm_count(device)) &&
+         tc::SplitTail(tiles, int(ceil_div(p.k, Shape::BK)), grid).parts > 1;
 }
 
 template <bool TIMELINE>

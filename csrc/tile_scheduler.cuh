@@ -133,28 +133,24 @@ class TileScheduler {
 // The split-tail order (persistent rungs): where the tiles do not make whole
 // waves, the last round leaves SMs idle (3000^3: 288 tiles of 128x256 make
 // 2.2 waves on 132 SMs, so the third round runs 24 tiles on 132 SMs). The
-// order splits each of those last `rest = tiles % CTAs` tiles into `parts`
-// units of consecutive k-blocks, so that the units fill the CTAs in one round
-// (rest * parts <= CTAs), or in two where that is shorter: with rest more
-// than half the CTAs no split fits one round, but 3 parts of each make two
-// rounds of a third of a tile (8192x8192x1024: 68 of 132 CTAs busy in the
-// last round, 2048 tiles of 128x256). The units of one round start at the
-// same k offsets and run at the same time, like whole tiles, so they share
-// their A and B slices in L2 (a stream-K split, where each CTA takes an equal
-// stretch of all k-blocks, put every CTA at another k and ran 5-12% slower on
-// the H200 at 4096^3 and 4096x4096x11008, bandwidth-bound).
+// order splits each of those last `tiles % CTAs` tiles into `parts` units of
+// consecutive k-blocks, as many parts as fit the CTAs in one round, so the
+// last round takes 1 / parts of a tile's time. The units of one round start
+// at the same k offsets and run at the same time, like whole tiles, so they
+// share their A and B slices in L2 (a stream-K split, where each CTA takes an
+// equal stretch of all k-blocks, put every CTA at another k and ran 5-12%
+// slower on the H200 at 4096^3 and 4096x4096x11008, bandwidth-bound).
 //
 // Indices [0, whole) are whole tiles in grouped order; index whole + u for u
 // in [0, (tiles - whole) * parts) is part u % parts of tile whole + u / parts.
 // The CTAs walk these indices as in the dynamic order (or, for CTA pairs,
 // statically: CTA c takes c, c + CTAs, ...). A part other than the last
-// writes its fp32 partial sums to its slot of the workspace (slot_of: parts
-// - 1 slots per split tile) and sets the slot's flag; the last part (the
-// tile's owner) waits for the other parts' flags, adds their slots, clears
-// the flags for the next launch and stores the tile. A part never waits for
-// a later index, and an owner only for earlier ones, which the CTAs that took
-// them reach without waiting on later indices: no wait forms a cycle (every
-// CTA of the grid is resident: the grid fills the GPU once).
+// writes its fp32 partial sums to slot u of the workspace and sets the
+// slot's flag; the last part (the tile's owner) waits for the other parts'
+// flags, adds their slots, clears the flags for the next launch and stores the
+// tile. A part never waits for a later index, and an owner only for earlier
+// ones, which the CTAs that took them compute without waiting: no wait forms
+// a cycle (every CTA of the grid is resident: the grid fills the GPU once).
 struct WorkUnit {
   TileCoord tile;
   int k_begin, k_end;  // the unit's k-blocks [k_begin, k_end) of the tile's k_blocks
@@ -163,46 +159,19 @@ struct WorkUnit {
 struct SplitTail {
   static constexpr int kMinBlocksPerPart = 4;  // parts shorter than this fill and drain the pipeline for little
   static constexpr int kMaxParts = 8;          // the owner adds parts - 1 slots of 128 KB
-  static constexpr int kMaxRounds = 2;         // rounds of units: the workspace holds 2 slots per CTA
-  // A unit's cost beyond its k-blocks (pipeline fill and drain, its partial
-  // sums), as a fraction 1 / kUnitOverhead of a whole tile's time.
-  static constexpr int kUnitOverhead = 20;
   int64_t whole;    // indices [0, whole): whole tiles
   int64_t indices;  // all indices: whole + (tiles - whole) * parts
   int parts;        // units per split tile (1: nothing is split)
-  // The parts whose rounds (at most kMaxRounds) take the least time, each
-  // round 1 / parts of a tile plus a unit's overhead; no split unless that
-  // is less than the one round of whole tiles it replaces. Where one round
-  // holds the units, that is the most parts that fit (CTAs / rest).
   __host__ __device__ SplitTail(int64_t tiles, int k_blocks, int64_t ctas) {
     const int64_t rest = tiles % ctas;
-    parts = 1;
-    if (tiles > ctas && rest != 0) {
-      // Time in tiles of p parts: rounds * (kUnitOverhead + p) / (kUnitOverhead * p).
-      int64_t best_num = 1, best_den = 1;  // the whole tiles' one round
-      const int most = int(min_i64(kMaxParts, k_blocks / kMinBlocksPerPart));
-      for (int p = 2; p <= most; ++p) {
-        const int64_t rounds = (rest * p + ctas - 1) / ctas;
-        if (rounds > kMaxRounds) break;  // rounds grow with p
-        const int64_t num = rounds * (kUnitOverhead + p), den = int64_t(kUnitOverhead) * p;
-        if (num * best_den < best_num * den) {
-          best_num = num;
-          best_den = den;
-          parts = p;
-        }
-      }
-    }
+    int64_t p = tiles <= ctas || rest == 0 ? 1 : ctas / rest;
+    p = min_i64(min_i64(p, k_blocks / kMinBlocksPerPart), kMaxParts);
+    parts = p < 2 ? 1 : int(p);
     whole = parts == 1 ? tiles : tiles - rest;
     indices = whole + (tiles - whole) * parts;
   }
   // The part of index i (0 .. parts - 1), or -1 for a whole tile.
   __host__ __device__ int part_of(int64_t i) const { return i < whole ? -1 : int((i - whole) % parts); }
-  // The workspace slot of split index i: parts 0 .. parts - 2 of the j-th
-  // split tile write slots j * (parts - 1) + part; for the last part this is
-  // one past its tile's slots (it reads the `part` slots below it).
-  __host__ __device__ int64_t slot_of(int64_t i) const { return (i - whole) - (i - whole) / parts; }
-  // Slots the non-last parts write: (tiles - whole) * (parts - 1).
-  __host__ __device__ int64_t slots() const { return (indices - whole) / parts * (parts - 1); }
   __device__ WorkUnit unit(int64_t i, int tiles_m, int tiles_n, int k_blocks) const {
     if (i < whole) return {grouped_tile(int(i), tiles_m, tiles_n), 0, k_blocks};
     const int part = part_of(i);

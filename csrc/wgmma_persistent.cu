@@ -93,17 +93,18 @@ cudaError_t launch_kernel(const MatmulProblem& p, cudaStream_t stream, int devic
 }
 
 // Whether the split-tail order splits anything here: SplitTail cuts the last
-// round of tiles (tile pairs) in parts, and their slots (a pair's: one per
-// CTA) fit the workspace. Elsewhere the order runs as the dynamic one (pairs:
-// grouped), which then assigns the same whole tiles: the split kernel ran
-// 2-8% slower on the H200 at shapes it does not split (2026-12-02).
+// round of tiles (tile pairs) in parts, and the grid fits the workspace.
+// Elsewhere the order runs as the dynamic one (pairs: grouped), which then
+// assigns the same whole tiles: the split kernel ran 2-8% slower on the H200
+// at shapes it does not split (2026-12-02).
 template <int CLUSTER, typename Shape>
 bool splits_tail(const MatmulProblem& p, int device, int64_t ctas) {
-  if (p.partials == nullptr || p.tile_counter == nullptr) return false;
+  if (p.partials == nullptr || p.tile_counter == nullptr ||
+      !split_workspace_fits(ctas, Shape::BM, Shape::BN, tc::sm_count(device))) {
+    return false;
+  }
   const int64_t stream_tiles = ceil_div(ceil_div(p.m, Shape::BM), CLUSTER) * ceil_div(p.n, Shape::BN);
-  const tc::SplitTail split(stream_tiles, int(ceil_div(p.k, Shape::BK)), ctas / CLUSTER);
-  return split.parts > 1 &&
-         split_workspace_fits(split.slots() * CLUSTER, Shape::BM, Shape::BN, tc::sm_count(device));
+  return tc::SplitTail(stream_tiles, int(ceil_div(p.k, Shape::BK)), ctas / CLUSTER).parts > 1;
 }
 
 template <int CLUSTER, bool TIMELINE>

@@ -269,7 +269,7 @@ class SplitTailUnits {
   }
   __device__ KRange k_range() const { return {unit_.k_begin, unit_.k_end}; }
   __device__ UnitRole role() const {
-    return {split_.part_of(index_), split_.parts, split_.slot_of(index_) * CLUSTER + rank_, CLUSTER};
+    return {split_.part_of(index_), split_.parts, (index_ - split_.whole) * CLUSTER + rank_, CLUSTER};
   }
 
  private:
