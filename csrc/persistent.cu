@@ -144,13 +144,17 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_ke
 // tile count. The occupancy is asked of the runtime once per kernel and device
 // (a kernel's threads and shared memory never change on a device): the query
 // costs microseconds of host time, which small products would pay per call.
+// The kernel may ask for more than 48 KB of shared memory before the query:
+// without that the query found no room, and each kernel's first launch ran
+// one CTA an SM (64x64 tiles: 132 CTAs for 256 tiles, 3 an SM after it).
 template <auto kKernel>
 int64_t persistent_grid(int threads, int smem_bytes, int device, int64_t tiles) {
   static int cached[128] = {};
   const bool cacheable = device >= 0 && device < 128;
   int per_sm = cacheable ? cached[device] : 0;
   if (per_sm == 0) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem_bytes) != cudaSuccess ||
+    if (tc::allow_dynamic_smem<kKernel>(smem_bytes, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem_bytes) != cudaSuccess ||
         per_sm < 1) {
       cudaGetLastError();  // clear it: the launch reports real errors
       per_sm = 1;
@@ -226,9 +230,7 @@ TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device) {
     cfg.block_k = Shape::BK;
     cfg.tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
     constexpr auto kernel = persistent_kernel<__nv_bfloat16, Shape, true, false, false>;
-    const int smem = tc::smem_request<Shape>(device);
-    tc::allow_dynamic_smem<kernel>(smem, device);
-    cfg.persistent_ctas = persistent_grid<kernel>(Shape::THREADS, smem, device, cfg.tiles);
+    cfg.persistent_ctas = persistent_grid<kernel>(Shape::THREADS, tc::smem_request<Shape>(device), device, cfg.tiles);
   };
   tc::with_tile_shape(m, n, device, fill);
   return cfg;
