@@ -105,10 +105,11 @@ RUNGS: dict[str, Rung] = {
 
 # Best first: `kernel="auto"` takes the first available rung that takes the dtype.
 # Measured on the H200, timed interleaved in one process over the 11 benchmark
-# shapes (benchmarks/results/2026-11-30-cluster-pairs.md): wgmma_persistent in CTA
-# pairs 1.010x the speed of wgmma (geomean; 1.06x at 8192x8192x1024, 1.09x at
-# 3000^3), persistent 0.982x of tiled.
-AUTO_ORDER = ("wgmma_persistent", "wgmma", "tiled", "persistent", "warptiled", "naive")
+# shapes: wgmma_persistent in CTA pairs 1.010x the speed of wgmma (geomean;
+# benchmarks/results/2026-11-30-cluster-pairs.md), persistent 1.017x and 1.025x
+# the speed of tiled (2026-12-02-ninth-*: 1.17x at 3000^3, 1.08x at 4097^3, the
+# split tail; where one wave holds every tile it runs tiled's kernel).
+AUTO_ORDER = ("wgmma_persistent", "wgmma", "persistent", "tiled", "warptiled", "naive")
 
 
 @dataclass(frozen=True)
