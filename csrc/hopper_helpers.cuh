@@ -55,20 +55,16 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
-// Blocks until the barrier's phase with this parity has completed. The
-// suspend-time hint (in ns) lets the waiting thread sleep until the phase
-// completes rather than for the default, shorter time limit, after which it
-// polls again: fewer instructions issued while a warp waits.
+// Blocks until the barrier's phase with this parity has completed.
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  constexpr uint32_t kSuspendTimeHintNs = 1000000;
   asm volatile(
       "{\n"
       ".reg .pred done;\n"
       "WAIT_AGAIN:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT_AGAIN;\n"
       "}\n" ::"r"(smem_u32(bar)),
-      "r"(parity), "n"(kSuspendTimeHintNs)
+      "r"(parity)
       : "memory");
 }
 
