@@ -169,14 +169,6 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t lead
   return desc;
 }
 
-// The descriptor of the operand `units` x 16 bytes further into shared
-// memory than desc's: its address field (bits 0-13, address / 16) plus
-// units. A CTA's shared addresses stay below 2^18 (228 KB), so the sum never
-// carries into the next field; only the low word changes.
-__device__ __forceinline__ uint64_t smem_descriptor_plus(uint64_t desc, uint32_t units) {
-  return (desc & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(desc) + units);
-}
-
 // The 128 accumulator registers of one m64n256k16 wgmma: the register list
 // of the instruction and the matching asm operands d[0..127].
 #define PM_WGMMA_ACC_LIST_128 \

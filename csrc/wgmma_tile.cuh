@@ -379,24 +379,20 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
 #pragma unroll
   for (int i = WIDTH / 2; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
   const bool signals = threadIdx.x % 128 == 0;
-  // The descriptors of stage 0's operands, built once: a stage's and a k16
-  // step's are these plus their offset in 16-byte units (smem_descriptor_plus),
-  // so the k-loop adds to them instead of encoding each address anew.
   const uint32_t stages = smem_u32(smem.stages);
-  const uint64_t desc_a0 = smem_descriptor(stages + consumer * 64 * 128, 16, 1024);
-  const uint64_t desc_b0 = B_KMAJOR ? smem_descriptor(stages + Shape::A_STAGE_BYTES, 16, 1024)
-                                    : smem_descriptor(stages + Shape::A_STAGE_BYTES, Shape::BK * 128, 1024);
   for (int kb = 0; kb < k_blocks; ++kb) {
     mbarrier_wait(&smem.full[ring.stage], ring.phase);
     if constexpr (WIDTH > 0) {
-      const uint32_t stage_units = ring.stage * (Shape::STAGE_BYTES / 16);
+      const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + consumer * 64 * 128;
+      const uint32_t b = stages + ring.stage * Shape::STAGE_BYTES + Shape::A_STAGE_BYTES;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < Shape::BK / 16; ++kk) {
         // K-major rows are 128 bytes (64 elements): step 32 bytes per k16.
         // N-major B holds 64-element column blocks of BK rows: step 16 rows.
-        const uint64_t desc_a = smem_descriptor_plus(desc_a0, stage_units + kk * 32 / 16);
-        const uint64_t desc_b = smem_descriptor_plus(desc_b0, stage_units + (B_KMAJOR ? kk * 32 : kk * 16 * 128) / 16);
+        const uint64_t desc_a = smem_descriptor(a + kk * 32, 16, 1024);
+        const uint64_t desc_b = B_KMAJOR ? smem_descriptor(b + kk * 32, 16, 1024)
+                                         : smem_descriptor(b + kk * 16 * 128, Shape::BK * 128, 1024);
         Wgmma<WIDTH, B_KMAJOR ? 0 : 1>::template run<kBF16>(reinterpret_cast<float(&)[WIDTH / 2]>(d), desc_a,
                                                             desc_b, (kb > 0 || kk > 0) ? 1 : 0);
       }
