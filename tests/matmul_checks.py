@@ -240,6 +240,33 @@ CLUSTER_VARIANT = "cluster1"
 CLUSTER_SIZES = {"cluster1": 1, "cluster2": 2}
 
 
+def check_graph_replays(run, m: int, n: int, k: int, what: str, replays: int = 3) -> None:
+    """Captures ``run(a, b, out)`` (bf16 small-integer operands) into a CUDA graph on a
+    side stream after one eager warm-up call, then per replay: fresh operands copied in,
+    a poisoned output, the replay, an eager call into another poisoned output on the
+    same stream; asserts both bit-exact (``what`` names what a mismatch means)."""
+    a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
+    out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run(a, b, out)  # warm-up: tensor maps, occupancy, scratch memory
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            run(a, b, out)
+        for replay in range(replays):
+            a2, b2 = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
+            a.copy_(a2)
+            b.copy_(b2)
+            out.copy_(poison(torch.empty_like(out)))
+            graph.replay()
+            eager = poison(torch.empty_like(out))
+            run(a, b, eager)
+            stream.synchronize()
+            assert check_exact(out, a, b) == 0, f"replay {replay}: {what}"
+            assert check_exact(eager, a, b) == 0, f"eager call after replay {replay}: {what}"
+
+
 def run_variant(pm, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """a @ b into out through a rung ("persistent") or a variant of one, as the
     benchmark and profile scripts name them: "<rung>-<tile order>" (any of the

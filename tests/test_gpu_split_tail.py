@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from matmul_checks import (TOLERANCE, check_exact, exact_int_bias, exact_int_operands, matmul_error, poison,
+from matmul_checks import (TOLERANCE, check_exact, check_graph_replays, exact_int_bias, exact_int_operands, matmul_error, poison,
                            random_operands)
 
 pytestmark = pytest.mark.gpu
@@ -111,26 +111,8 @@ def test_split_tail_in_a_cuda_graph(pm, kernel, cluster_size):
     skip_unless_runs(pm, kernel)
     m, n, k = 1700, 3400, 520
     assert_tiles_are_split(pm, kernel, cluster_size, m, n, k)
-    a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
-    out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        split_tail(pm, a, b, None, out, kernel, cluster_size)  # warm-up: tensor maps, occupancy, workspace
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            split_tail(pm, a, b, None, out, kernel, cluster_size)
-        for replay in range(3):
-            a2, b2 = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
-            a.copy_(a2)
-            b.copy_(b2)
-            out.copy_(poison(torch.empty_like(out)))
-            graph.replay()
-            eager = poison(torch.empty_like(out))
-            split_tail(pm, a, b, None, eager, kernel, cluster_size)
-            stream.synchronize()
-            assert check_exact(out, a, b) == 0, f"replay {replay}: wrong or missing partial sums"
-            assert check_exact(eager, a, b) == 0, f"eager call after replay {replay}: wrong or missing partial sums"
+    check_graph_replays(lambda a, b, out: split_tail(pm, a, b, None, out, kernel, cluster_size), m, n, k,
+                        "wrong or missing partial sums")
 
 
 @pytest.mark.parametrize("kernel", ["persistent", "wgmma_persistent"])

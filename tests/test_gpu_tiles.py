@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from matmul_checks import (TOLERANCE, check_exact, exact_int_bias, exact_int_operands, matmul_error, nan_count,
+from matmul_checks import (TOLERANCE, check_exact, check_graph_replays, exact_int_bias, exact_int_operands, matmul_error, nan_count,
                            poison, random_operands)
 
 pytestmark = pytest.mark.gpu
@@ -100,26 +100,8 @@ def test_dynamic_order_in_a_cuda_graph(pm, kernel):
     skip_unless_runs(pm, kernel)
     m, n, k = 1800, 3000, 192
     more_tiles_than_ctas(pm, kernel, m, n)
-    a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
-    out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic", cluster_size=1)  # warm-up: tensor maps, occupancy
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic", cluster_size=1)
-        for replay in range(3):
-            a2, b2 = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
-            a.copy_(a2)
-            b.copy_(b2)
-            out.copy_(poison(torch.empty_like(out)))
-            graph.replay()
-            eager = poison(torch.empty_like(out))
-            pm._matmul._run(a, b, None, eager, kernel, tile_order="dynamic", cluster_size=1)
-            stream.synchronize()
-            assert check_exact(out, a, b) == 0, f"replay {replay}: wrong or missing tiles"
-            assert check_exact(eager, a, b) == 0, f"eager call after replay {replay}: wrong or missing tiles"
+    check_graph_replays(lambda a, b, out: pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic", cluster_size=1),
+                        m, n, k, "wrong or missing tiles")
 
 
 def test_dynamic_order_rejects_clusters(pm):

@@ -131,19 +131,16 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
     """
     _check_kernel_name(kernel)
     m, n = a.shape[0], b.shape[1]
-    dtype = a.dtype
-    if same_cuda_device_and_dtype(a, b, bias, out):
-        device = a.device  # the common case, checked without building the error messages' dicts
-        if out is not None:
-            check_out(out, (m, n), dtype, {names[0]: a, names[1]: b, "bias": bias})
-    else:
-        named = {names[0]: a, names[1]: b}
-        if bias is not None:
-            named["bias"] = bias
-        dtype = check_same_dtype(named)
-        if out is not None:
-            check_out(out, (m, n), dtype, named)
-        device = check_cuda(named if out is None else {**named, "out": out})
+    named = {names[0]: a, names[1]: b}
+    if bias is not None:
+        named["bias"] = bias
+    # The common case (CUDA tensors of one device and dtype) skips the checks
+    # that build the error messages; the others run them, and they raise.
+    common = same_cuda_device_and_dtype(a, b, bias, out)
+    dtype = a.dtype if common else check_same_dtype(named)
+    if out is not None:
+        check_out(out, (m, n), dtype, named)
+    device = a.device if common else check_cuda(named if out is None else {**named, "out": out})
     rung = _choose_rung(kernel, dtype, device)
     if out is None:
         out = torch.empty((m, n), dtype=dtype, device=device)
