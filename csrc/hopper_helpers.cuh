@@ -15,10 +15,6 @@
 #include <cuda.h>  // CUtensorMap and its enums (types only: no libcuda link)
 #include <cuda_runtime.h>
 
-#ifndef PM_EXP_STORE_HINT
-#define PM_EXP_STORE_HINT 0
-#endif
-
 namespace persistent_matmul {
 namespace hopper {
 
@@ -102,15 +98,6 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 // written. Stores are grouped per thread with bulk_commit and awaited with
 // bulk_wait_read / bulk_wait (device_helpers.cuh).
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int inner, int outer) {
-#if PM_EXP_STORE_HINT
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], %4;" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(smem_u32(src)), "r"(inner), "r"(outer), "l"(policy)
-               : "memory");
-  return;
-#endif
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
                "r"(smem_u32(src)), "r"(inner), "r"(outer)
@@ -142,15 +129,6 @@ __device__ __forceinline__ void mbarrier_arrive_in_cta(uint64_t* bar, uint32_t c
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta));
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
-// The same arrival, made only if `arrive` (predicated, no branch).
-__device__ __forceinline__ void mbarrier_arrive_in_cta_if(uint64_t* bar, uint32_t cta, bool arrive) {
-  asm volatile(
-      "{\n.reg .pred p;\n.reg .b32 remote;\nsetp.ne.b32 p, %2, 0;\n"
-      "@p mapa.shared::cluster.u32 remote, %0, %1;\n@p mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(
-          smem_u32(bar)),
-      "r"(cta), "r"(int(arrive))
-      : "memory");
-}
 
 // Register reallocation between warpgroups (needs a register cap at entry,
 // i.e. __launch_bounds__(threads, 1)).
@@ -166,14 +144,6 @@ __device__ __forceinline__ void claim_registers() {
 // A barrier among `threads` threads (a multiple of 32) on hardware barrier `id` (1..15).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-// Counts this thread's warp towards hardware barrier `id` without waiting
-// for it, if `arrive` (the same in every thread of the warp): a predicated
-// instruction, not a branch.
-__device__ __forceinline__ void named_barrier_arrive_if(int id, int threads, bool arrive) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.arrive %0, %1;\n}" ::"r"(id), "r"(threads),
-               "r"(int(arrive))
-               : "memory");
 }
 
 // wgmma ordering: fence before the first wgmma that reads registers or

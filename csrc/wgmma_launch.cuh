@@ -88,9 +88,8 @@ struct TensorMaps {
 };
 
 // Calls launch(TypeTag<T>, Shape, std::bool_constant<B_KMAJOR>, maps) with
-// tensor maps for clusters of `cluster` CTAs. PINGPONG: wide tiles are
-// PingPongTile's.
-template <bool PINGPONG = false, typename Launch>
+// tensor maps for clusters of `cluster` CTAs.
+template <typename Launch>
 cudaError_t dispatch(const MatmulProblem& p, int device, int cluster, Launch&& launch) {
   if (!tc::operands_ok(p)) return cudaErrorInvalidValue;
   const bool kmajor = tc::b_layout(p) == tc::BLayout::kKMajor;
@@ -102,13 +101,7 @@ cudaError_t dispatch(const MatmulProblem& p, int device, int cluster, Launch&& l
     maps.store_by_tma = tma_can_store(p) && make_output_map(p, &maps.out);
     return kmajor ? launch(type, shape, std::true_type{}, maps) : launch(type, shape, std::false_type{}, maps);
   };
-  auto by_shape = [&](auto type) {
-    if constexpr (PINGPONG) {
-      return wide ? by_layout(type, PingPongTile{}) : by_layout(type, NarrowTile{});
-    } else {
-      return wide ? by_layout(type, WideTile{}) : by_layout(type, NarrowTile{});
-    }
-  };
+  auto by_shape = [&](auto type) { return wide ? by_layout(type, WideTile{}) : by_layout(type, NarrowTile{}); };
   return p.dtype == ElementType::kBFloat16 ? by_shape(tc::TypeTag<__nv_bfloat16>{})
                                            : by_shape(tc::TypeTag<__half>{});
 }

@@ -99,7 +99,7 @@ cudaError_t launch_kernel(const MatmulProblem& p, cudaStream_t stream, int devic
 // at shapes it does not split (2026-12-02).
 template <int CLUSTER, typename Shape>
 bool splits_tail(const MatmulProblem& p, int device, int64_t ctas) {
-  if (Shape::PINGPONG || p.partials == nullptr || p.tile_counter == nullptr ||
+  if (p.partials == nullptr || p.tile_counter == nullptr ||
       !split_workspace_fits(ctas, Shape::BM, Shape::BN, tc::sm_count(device))) {
     return false;
   }
@@ -109,7 +109,7 @@ bool splits_tail(const MatmulProblem& p, int device, int64_t ctas) {
 
 template <int CLUSTER, bool TIMELINE>
 cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device) {
-  return hopper::dispatch<CLUSTER == 2 && PM_EXP_PINGPONG && !TIMELINE>(problem, device, CLUSTER,
+  return hopper::dispatch(problem, device, CLUSTER,
                           [&](auto type, auto shape, auto kmajor, const hopper::TensorMaps& maps) {
     using T = typename decltype(type)::type;
     using Shape = decltype(shape);
@@ -121,7 +121,7 @@ cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device
     MatmulProblem p = problem;
     if (p.tile_order == int32_t(tc::TileOrder::kSplitTail)) {
       // The instrumented build records whole tiles: it runs the fallback order too.
-      if constexpr (!TIMELINE && !Shape::PINGPONG) {
+      if constexpr (!TIMELINE) {
         if (splits_tail<CLUSTER, Shape>(p, device, ctas)) {
           return launch_kernel<T, Shape, CLUSTER, kKMajor, false, true>(p, stream, device, maps, ctas);
         }

@@ -37,34 +37,6 @@
 #include "tensor_core_tile.cuh"  // TileRecord, global_timer_ns, sm_id
 #include "tile_scheduler.cuh"
 
-// Experiment switches of the tenth session (benchmarks/NOTES.md), all off by
-// default; a build turns one on through build.toml's cuda-flags of
-// [kernel.hopper], e.g. "-DPM_EXP_PINGPONG=1". PM_EXP_NOLOAD and
-// PM_EXP_NOEPI are diagnostics whose outputs are wrong: no loads after the
-// first pass over the ring, no stores (accumulators kept live).
-// PM_EXP_STORE_MODE 1 / 2: the epilogue from registers (16-byte stores after
-// a quad transpose / 4-byte pairs) instead of TMA stores. PM_EXP_STAGGER=S:
-// consumer 1 starts S k-blocks behind consumer 0. PM_EXP_PINGPONG: CTA pairs
-// of wgmma_persistent run PingPongTile (PM_PINGPONG_STAGES stages).
-#ifndef PM_EXP_NOLOAD
-#define PM_EXP_NOLOAD 0
-#endif
-#ifndef PM_EXP_NOEPI
-#define PM_EXP_NOEPI 0
-#endif
-#ifndef PM_EXP_STORE_MODE
-#define PM_EXP_STORE_MODE 0
-#endif
-#ifndef PM_EXP_STAGGER
-#define PM_EXP_STAGGER 0
-#endif
-#ifndef PM_EXP_PINGPONG
-#define PM_EXP_PINGPONG 0
-#endif
-#ifndef PM_PINGPONG_STAGES
-#define PM_PINGPONG_STAGES 5
-#endif
-
 namespace persistent_matmul {
 namespace hopper {
 
@@ -77,27 +49,18 @@ constexpr int TILE_QUEUE_SLOTS = 2;
 // for problems with enough tiles to fill the GPU, 128 otherwise. The stages
 // take what fits in ~200 KB of shared memory (4 of 48 KB, or 6 of 32 KB);
 // the output staging buffers (two 64 x 64 boxes per consumer) take 32 KB.
-//
-// PINGPONG: the consumers take turns instead. Each computes whole 64 x BN
-// tiles (BM = 64), the two on alternate tiles of the CTA's stream, so one
-// consumer's epilogue runs while the other's wgmmas keep the tensor cores
-// busy; every stage then serves one consumer. Stages of 40 KB: 5 of them
-// and one staging buffer per consumer.
-template <int BN_, bool PINGPONG_ = false>
+template <int BN_>
 struct WgmmaShape {
-  static constexpr bool PINGPONG = PINGPONG_;
-  static constexpr int BM = PINGPONG ? 64 : 128, BN = BN_, BK = 64;
+  static constexpr int BM = 128, BN = BN_, BK = 64;
   static constexpr int CONSUMERS = 2;
-  static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : CONSUMERS;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int ACCUMULATORS = BN / 2;  // fp32 registers per consumer thread
   static constexpr int A_STAGE_BYTES = BM * BK * 2;
   static constexpr int B_STAGE_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
-  static constexpr int STAGES = PINGPONG ? PM_PINGPONG_STAGES : (200 * 1024) / STAGE_BYTES;
+  static constexpr int STAGES = (200 * 1024) / STAGE_BYTES;
   static constexpr int OUT_BOX_BYTES = 64 * 64 * 2;  // a 64 x 64 box of the output, 128-byte rows
-  // per consumer: one fills while TMA reads the other
-  static constexpr int OUT_BUFFERS = PINGPONG ? (PM_PINGPONG_STAGES >= 5 ? 1 : 2) : 2;
+  static constexpr int OUT_BUFFERS = 2;              // per consumer: one fills while TMA reads the other
   static constexpr int OUT_STAGING_BYTES = CONSUMERS * OUT_BUFFERS * OUT_BOX_BYTES;
   // 1024 bytes of slack to align the stages for the 128-byte swizzle, the
   // stages, the output staging (1024-byte aligned too), the full and empty
@@ -117,13 +80,6 @@ struct WgmmaShape {
 };
 using WideTile = WgmmaShape<256>;
 using NarrowTile = WgmmaShape<128>;
-using PingPongTile = WgmmaShape<256, true>;
-
-// The first output row of a consumer's rows in a tile.
-template <typename Shape>
-__device__ __forceinline__ int64_t first_row_of(tc::TileCoord tile, int consumer) {
-  return int64_t(tile.m) * Shape::BM + (Shape::PINGPONG ? 0 : consumer * 64);
-}
 
 // The tile queue in shared memory: per slot a tile index and two barriers,
 // `full` (the producer thread has written the slot) and `empty` (every
@@ -176,12 +132,6 @@ struct RingPosition {
       stage = 0;
       phase ^= 1;
     }
-  }
-  // Past n positions (another consumer's k-blocks).
-  __device__ void skip(int n) {
-    stage += n;
-    phase ^= (stage / STAGES) & 1;
-    stage %= STAGES;
   }
 };
 
@@ -365,9 +315,6 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
   constexpr uint16_t kAllCtas = (1u << CLUSTER) - 1;
   RingPosition<Shape::STAGES> ring;
   tc::TileCoord tile;
-#if PM_EXP_NOLOAD
-  int loaded_blocks = 0;
-#endif
   while (tiles.next(tile)) {
     // A tile below the output (the second of a cluster's last pair) needs no
     // A: its rows are never stored. Its CTA still sends B to the partner.
@@ -378,15 +325,6 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
       uint64_t* full = &smem.full[ring.stage];
       char* a = smem.stages + ring.stage * Shape::STAGE_BYTES;
       char* b = a + Shape::A_STAGE_BYTES;
-#if PM_EXP_NOLOAD
-      // Diagnostic: real data in the first pass over the ring, then the same stages again without loads.
-      if (loaded_blocks >= Shape::STAGES) {
-        mbarrier_arrive(full);
-        ring.advance();
-        continue;
-      }
-      ++loaded_blocks;
-#endif
       // A (if needed) and all of B, whoever sends it.
       mbarrier_arrive_expect_tx(full, loads_a ? Shape::STAGE_BYTES : Shape::B_STAGE_BYTES);
       if (loads_a) tma_load_2d(a, map_a, full, kb * Shape::BK, tile.m * Shape::BM);
@@ -418,14 +356,6 @@ __device__ __forceinline__ void release_stage(uint64_t* empty) {
   }
 }
 
-// release_stage by the threads with `signal` set, as predicated instructions
-// (no branch: see consume_tile's ping-pong loop).
-template <int CLUSTER>
-__device__ __forceinline__ void release_stage_if(uint64_t* empty, bool signal) {
-#pragma unroll
-  for (int cta = 0; cta < CLUSTER; ++cta) mbarrier_arrive_in_cta_if(empty, cta, signal);
-}
-
 // The wgmma width one consumer warpgroup needs for a tile: 0 if its 64
 // rows all lie below the output (it computes nothing), else the narrowest of
 // 64, 128, BN columns that covers the tile's columns inside the output. An
@@ -433,7 +363,7 @@ __device__ __forceinline__ void release_stage_if(uint64_t* empty, bool signal) {
 // then costs a fraction of a full tile, not a whole one.
 template <typename Shape>
 __device__ __forceinline__ int mma_width(const MatmulProblem& p, tc::TileCoord tile, int consumer) {
-  if (first_row_of<Shape>(tile, consumer) >= p.m) return 0;
+  if (int64_t(tile.m) * Shape::BM + consumer * 64 >= p.m) return 0;
   const int64_t cols = p.n - int64_t(tile.n) * Shape::BN;
   return cols <= 64 ? 64 : cols <= 128 ? 128 : Shape::BN;
 }
@@ -441,32 +371,19 @@ __device__ __forceinline__ int mma_width(const MatmulProblem& p, tc::TileCoord t
 // One consumer warpgroup's k-loop over a tile: d = A[rows of this consumer] x
 // B[first WIDTH columns], with wgmmas WIDTH wide; accumulators past WIDTH / 2
 // are zero. WIDTH = 0 only waits for each stage and releases it.
-// Ping-pong consumers take turns on the tiles of the CTA's stream: a
-// consumer starts waiting for its tile's stages only once the other one has
-// waited for all stages of the tile before (else a stage's full barrier
-// could be two phases behind and its parity pass early). The other consumer
-// tells it through named barrier 4 + consumer (one arrives, the other syncs).
-constexpr int kOrderBarrier = 4;
-__device__ __forceinline__ void wait_turn(int consumer) { named_barrier_sync(kOrderBarrier + consumer, 256); }
-__device__ __forceinline__ void pass_turn_if(int consumer, bool pass) {
-  named_barrier_arrive_if(kOrderBarrier + 1 - consumer, 256, pass);
-}
-
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int WIDTH>
 __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, RingPosition<Shape::STAGES>& ring,
-                                             int k_blocks, int consumer, bool pass_on,
-                                             float (&d)[Shape::ACCUMULATORS], int lead = -1) {
+                                             int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS]) {
   constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
   static_assert(WIDTH == 0 || WIDTH == 64 || WIDTH == 128 || WIDTH == 256, "wgmma widths 64, 128 or 256");
 #pragma unroll
   for (int i = WIDTH / 2; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
   const bool signals = threadIdx.x % 128 == 0;
   const uint32_t stages = smem_u32(smem.stages);
-  // Waits for the ring's current stage and issues its wgmmas (one group).
-  auto issue_k_block = [&](int kb) {
+  for (int kb = 0; kb < k_blocks; ++kb) {
     mbarrier_wait(&smem.full[ring.stage], ring.phase);
     if constexpr (WIDTH > 0) {
-      const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + (Shape::PINGPONG ? 0 : consumer * 64 * 128);
+      const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + consumer * 64 * 128;
       const uint32_t b = stages + ring.stage * Shape::STAGE_BYTES + Shape::A_STAGE_BYTES;
       wgmma_fence();
 #pragma unroll
@@ -481,34 +398,9 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
       }
       wgmma_commit();
     }
-  };
-  if constexpr (!Shape::PINGPONG) {
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      issue_k_block(kb);
-      if (lead >= 0 && kb == min(lead, k_blocks - 1)) named_barrier_arrive_if(6, 256, true);
-      wgmma_wait<0>();  // this k-block's wgmmas are done: free the stage now (the other consumer's run meanwhile)
-      if (signals) release_stage<CLUSTER>(&smem.empty[ring.stage]);
-      ring.advance();
-    }
-  } else {
-    // Alone on the tensor cores: each k-block's wgmmas queue behind the
-    // previous one's, whose stage is freed once they are done. No branch may
-    // separate a wgmma from its wait (ptxas would then serialize every
-    // wgmma, C7518): the stage releases and the turn are predicated, and
-    // the first k-block is peeled (k_blocks >= 1).
-    issue_k_block(0);
-    int previous = ring.stage;
+    wgmma_wait<0>();  // this k-block's wgmmas are done: free the stage now
+    if (signals) release_stage<CLUSTER>(&smem.empty[ring.stage]);
     ring.advance();
-    for (int kb = 1; kb < k_blocks; ++kb) {
-      issue_k_block(kb);
-      wgmma_wait<1>();
-      release_stage_if<CLUSTER>(&smem.empty[previous], signals);
-      previous = ring.stage;
-      ring.advance();
-    }
-    pass_turn_if(consumer, pass_on);  // every stage of this tile is waited for
-    wgmma_wait<0>();
-    release_stage_if<CLUSTER>(&smem.empty[previous], signals);
   }
 }
 
@@ -516,15 +408,15 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR>
 __device__ __forceinline__ void consume_tile_at(int width, const SharedStages<Shape>& smem,
                                                 RingPosition<Shape::STAGES>& ring, int k_blocks, int consumer,
-                                                bool pass_on, float (&d)[Shape::ACCUMULATORS], int lead) {
+                                                float (&d)[Shape::ACCUMULATORS]) {
   if (width == Shape::BN) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::BN>(smem, ring, k_blocks, consumer, pass_on, d, lead);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::BN>(smem, ring, k_blocks, consumer, d);
   } else if (width == 0) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0>(smem, ring, k_blocks, consumer, pass_on, d, lead);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0>(smem, ring, k_blocks, consumer, d);
   } else if (width == 64) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64>(smem, ring, k_blocks, consumer, pass_on, d, lead);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64>(smem, ring, k_blocks, consumer, d);
   } else if constexpr (Shape::BN > 128) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, pass_on, d, lead);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, d);
   }
 }
 
@@ -556,7 +448,7 @@ template <typename T, typename Shape>
 __device__ __forceinline__ void store_tile(const MatmulProblem& p, tc::TileCoord tile, int consumer,
                                            const float (&d)[Shape::ACCUMULATORS]) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int64_t row0 = first_row_of<Shape>(tile, consumer) + warp * 16 + lane / 4;
+  const int64_t row0 = int64_t(tile.m) * Shape::BM + consumer * 64 + warp * 16 + lane / 4;
   const int64_t col0 = int64_t(tile.n) * Shape::BN + 2 * (lane % 4);
   T* out = static_cast<T*>(p.out);
   const T* bias = static_cast<const T*>(p.bias);
@@ -578,70 +470,6 @@ __device__ __forceinline__ void store_tile(const MatmulProblem& p, tc::TileCoord
       } else {
         dst[0] = from_float<T>(x);
         if (col + 1 < p.n) dst[p.out_stride_n] = from_float<T>(y);
-      }
-    }
-  }
-}
-
-// v[i] for a run-time i in 0..3, without indexing a register array (which
-// would put it in local memory): three selects.
-__device__ __forceinline__ uint32_t select4(const uint32_t (&v)[4], int i) {
-  const uint32_t lo = i & 1 ? v[1] : v[0], hi = i & 1 ? v[3] : v[2];
-  return i & 2 ? hi : lo;
-}
-
-// Writes one consumer's 64 x BN accumulators (+ bias) to out from registers,
-// 16 bytes a store, with no shared memory, barrier or copy engine in between:
-// each warp stores its own 16 rows as soon as its wgmmas are done. In the
-// fragment layout (store_tile) the four threads of a quad hold the four
-// 4-byte pieces of each 16-byte chunk (8 columns of a row); a 4 x 4 transpose
-// within the quad (three shuffles) gives thread q of the quad the whole
-// chunk of block 4g + q, for each group g of four 8-column blocks and each
-// of its two rows. Out's rows must be 16-byte aligned (tma_can_store's
-// condition); chunks cut by N or rows past M fall back to element stores.
-template <typename T, typename Shape>
-__device__ __forceinline__ void store_tile_vectors(const MatmulProblem& p, tc::TileCoord tile, int consumer,
-                                                   const float (&d)[Shape::ACCUMULATORS]) {
-  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32, quad = lane % 4;
-  const int64_t row0 = first_row_of<Shape>(tile, consumer) + warp * 16 + lane / 4;
-  const int64_t col_base = int64_t(tile.n) * Shape::BN;
-  T* out = static_cast<T*>(p.out);
-  const T* bias = static_cast<const T*>(p.bias);
-#pragma unroll
-  for (int g = 0; g < Shape::BN / 32; ++g) {
-    float bias0[4], bias1[4];
-#pragma unroll
-    for (int b = 0; b < 4; ++b) bias_pair(bias, col_base + (4 * g + b) * 8 + 2 * quad, p.n, bias0[b], bias1[b]);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t v[4];  // this thread's piece of blocks 4g .. 4g + 3
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int j = 4 * g + b;
-        const tc::Pair<T> pair = tc::make_pair<T>(d[j * 4 + half * 2] + bias0[b], d[j * 4 + half * 2 + 1] + bias1[b]);
-        v[b] = *reinterpret_cast<const uint32_t*>(&pair);
-      }
-      // Quad partner quad ^ k sends its piece of block 4g + quad.
-      const uint32_t from1 = __shfl_xor_sync(0xffffffffu, select4(v, quad ^ 1), 1);
-      const uint32_t from2 = __shfl_xor_sync(0xffffffffu, select4(v, quad ^ 2), 2);
-      const uint32_t from3 = __shfl_xor_sync(0xffffffffu, select4(v, quad ^ 3), 3);
-      const uint32_t received[4] = {select4(v, quad), from1, from2, from3};  // piece w comes from quad ^ w
-      uint4 chunk;
-      chunk.x = select4(received, quad ^ 0);
-      chunk.y = select4(received, quad ^ 1);
-      chunk.z = select4(received, quad ^ 2);
-      chunk.w = select4(received, quad ^ 3);
-      const int64_t row = row0 + 8 * half;
-      const int64_t col = col_base + (4 * g + quad) * 8;
-      T* dst = out + row * p.out_stride_m + col;
-      if (row < p.m && col + 8 <= p.n) {
-        *reinterpret_cast<uint4*>(dst) = chunk;
-      } else if (row < p.m && col < p.n) {  // a chunk cut by N
-        const T* elements = reinterpret_cast<const T*>(&chunk);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          if (col + e < p.n) dst[e] = elements[e];
-        }
       }
     }
   }
@@ -711,7 +539,7 @@ __device__ __forceinline__ void store_tile_tma(const MatmulProblem& p, const CUt
     fence_proxy_async();  // this thread's shared stores, visible to the copy engine
     named_barrier_sync(barrier, 128);
     if (leader) {
-      tma_store_2d(map_out, buffer, tile.n * Shape::BN + box * 64, int(first_row_of<Shape>(tile, consumer)));
+      tma_store_2d(map_out, buffer, tile.n * Shape::BN + box * 64, tile.m * Shape::BM + consumer * 64);
       bulk_commit();
     }
   }
@@ -732,7 +560,7 @@ __device__ __forceinline__ void store_tile_staged(const MatmulProblem& p, char* 
   char* buffer = staging + consumer * Shape::OUT_BUFFERS * Shape::OUT_BOX_BYTES;
   T* out = static_cast<T*>(p.out);
   const bool out_even = reinterpret_cast<uintptr_t>(out) % 4 == 0;
-  const int64_t first_row = first_row_of<Shape>(tile, consumer);
+  const int64_t first_row = int64_t(tile.m) * Shape::BM + consumer * 64;
 #pragma unroll
   for (int box = 0; box < Shape::BN / 64; ++box) {
     const int64_t col = int64_t(tile.n) * Shape::BN + box * 64 + 2 * lane;
@@ -826,7 +654,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
   if (threadIdx.x == 0) {
     for (int s = 0; s < Shape::STAGES; ++s) {
       mbarrier_init(&smem.full[s], 1);
-      mbarrier_init(&smem.empty[s], Shape::CONSUMERS_PER_STAGE * CLUSTER);
+      mbarrier_init(&smem.empty[s], Shape::CONSUMERS * CLUSTER);
     }
     for (int s = 0; s < TILE_QUEUE_SLOTS; ++s) {
       mbarrier_init(&smem.queue.full[s], 1);
@@ -854,57 +682,21 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
     const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
     RingPosition<Shape::STAGES> ring;
     auto tiles = make_tiles(rank, smem.queue, std::false_type{});
-    static_assert(!Shape::PINGPONG || std::is_same_v<decltype(tiles), TilePairsPerCluster>,
-                  "ping-pong consumers walk a static stream of tile pairs (they peek at the next tile)");
     tc::TileCoord tile;
-    int turn = 0;  // index of the tile in the CTA's stream
     while (tiles.next(tile)) {
-      const KRange range = k_range_of(tiles, k_blocks);
-      bool pass_on = false;
-      if constexpr (Shape::PINGPONG) {
-        // Consumer c computes tiles c, c + 2, ... of the stream and steps over the other's stages.
-        const int index = turn++;
-        if (index % 2 != consumer) {
-          ring.skip(range.end - range.begin);
-          continue;
-        }
-        if (index > 0) wait_turn(consumer);
-        auto rest = tiles;
-        tc::TileCoord next_tile;
-        pass_on = rest.next(next_tile);  // the other consumer waits for this tile's stages
-      }
       const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
       float d[Shape::ACCUMULATORS];
       const int width = mma_width<Shape>(p, tile, consumer);
-      int lead = -1;
-      if constexpr (PM_EXP_STAGGER > 0 && !Shape::PINGPONG) {
-        // Diagnostic: consumer 1 starts its first tile once consumer 0 has issued PM_EXP_STAGGER k-blocks.
-        if (turn == 0 && consumer == 1) named_barrier_sync(6, 256);
-        if (turn == 0 && consumer == 0) lead = PM_EXP_STAGGER - 1;
-        ++turn;
-      }
-      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, pass_on, d,
-                                                   lead);
+      const KRange range = k_range_of(tiles, k_blocks);
+      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, d);
       const UnitRole role = role_of(tiles);
       if (width > 0 && role.part >= 0 && role.part < role.parts - 1) {
         hand_over_partial<Shape>(p, role, consumer, d);  // a part of a tile another unit stores
         continue;
       }
       if (width > 0 && role.part > 0) take_over_partials<Shape>(p, role, consumer, d);  // the last part
-#if PM_EXP_NOEPI
-      // Diagnostic: no epilogue, but every accumulator kept live (a store no run takes).
-      float sink = 0.0f;
-#pragma unroll
-      for (int i = 0; i < Shape::ACCUMULATORS; ++i) sink += d[i];
-      if (sink == 1234.5f && p.k == 7) static_cast<float*>(p.timeline)[threadIdx.x] = sink;
-      continue;
-#endif
       if (width == 0) {
         // rows below the output: nothing to store
-      } else if (store_by_tma && PM_EXP_STORE_MODE == 1) {
-        store_tile_vectors<T, Shape>(p, tile, consumer, d);
-      } else if (store_by_tma && PM_EXP_STORE_MODE == 2) {
-        store_tile<T, Shape>(p, tile, consumer, d);
       } else if (store_by_tma) {
         store_tile_tma<T, Shape>(p, map_out, smem.out_staging, tile, consumer, d);
       } else if (p.out_stride_n == 1) {
@@ -913,12 +705,8 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
         store_tile<T, Shape>(p, tile, consumer, d);
       }
       if constexpr (TIMELINE) {
-        if constexpr (Shape::PINGPONG) {
-          named_barrier_sync(2 + consumer, 128);  // this consumer has stored its tile
-        } else {
-          named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have stored the tile
-        }
-        if (threadIdx.x % 128 == 0 && (Shape::PINGPONG || consumer == 0) && tile.m < tiles_m) {  // not below the output
+        named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have stored the tile
+        if (threadIdx.x == 128 && tile.m < tiles_m) {  // not a tile below the output
           static_cast<tc::TileRecord*>(p.timeline)[int64_t(tile.m) * tiles_n + tile.n] = {
               tile.m, tile.n, tc::sm_id(), blockIdx.x, start, tc::global_timer_ns()};
         }
