@@ -51,6 +51,9 @@ constexpr int TILE_QUEUE_SLOTS = 2;
 #ifndef PM_WGMMA_IN_FLIGHT
 #define PM_WGMMA_IN_FLIGHT 0
 #endif
+#ifndef PM_WGMMA_EARLY_WAIT
+#define PM_WGMMA_EARLY_WAIT 0
+#endif
 
 // A 128 x BN x 64 tile computed by two consumer warpgroups. BN = 256 for
 // problems with enough tiles to fill the GPU, 128 otherwise. The consumers
@@ -428,8 +431,9 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
   const uint32_t a_offset = Shape::SPLIT_COLUMNS ? 0 : consumer * 64 * 128;
   const uint32_t b_offset = Shape::A_STAGE_BYTES + (Shape::SPLIT_COLUMNS ? consumer * Shape::PART_N * 128 : 0);
   int previous = 0;  // with PM_WGMMA_IN_FLIGHT: the stage of the k-block still in flight
+  if (PM_WGMMA_EARLY_WAIT && k_blocks > 0) mbarrier_wait(&smem.full[ring.stage], ring.phase);
   for (int kb = 0; kb < k_blocks; ++kb) {
-    mbarrier_wait(&smem.full[ring.stage], ring.phase);
+    if (!PM_WGMMA_EARLY_WAIT) mbarrier_wait(&smem.full[ring.stage], ring.phase);
     if constexpr (WIDTH > 0) {
       const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + a_offset;
       const uint32_t b = stages + ring.stage * Shape::STAGE_BYTES + b_offset;
@@ -454,6 +458,13 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
       release_stage<CLUSTER>(&smem.empty[previous], signals && kb > 0);
       previous = ring.stage;
     } else {
+      if (PM_WGMMA_EARLY_WAIT && kb + 1 < k_blocks) {
+        // Wait for the next k-block's stage while this one's wgmmas run, so
+        // that the next wgmmas issue as soon as these are done.
+        RingPosition<Shape::STAGES> next = ring;
+        next.advance();
+        mbarrier_wait(&smem.full[next.stage], next.phase);
+      }
       wgmma_wait<0>();  // this k-block's wgmmas are done: free the stage now
       release_stage<CLUSTER>(&smem.empty[ring.stage], signals);
     }
