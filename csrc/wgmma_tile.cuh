@@ -54,6 +54,9 @@ constexpr int TILE_QUEUE_SLOTS = 2;
 #ifndef PM_WGMMA_EARLY_WAIT
 #define PM_WGMMA_EARLY_WAIT 0
 #endif
+#ifndef PM_WGMMA_HALF_STAGGER
+#define PM_WGMMA_HALF_STAGGER 0
+#endif
 
 // A 128 x BN x 64 tile computed by two consumer warpgroups. BN = 256 for
 // problems with enough tiles to fill the GPU, 128 otherwise. The consumers
@@ -431,6 +434,39 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
   const uint32_t a_offset = Shape::SPLIT_COLUMNS ? 0 : consumer * 64 * 128;
   const uint32_t b_offset = Shape::A_STAGE_BYTES + (Shape::SPLIT_COLUMNS ? consumer * Shape::PART_N * 128 : 0);
   int previous = 0;  // with PM_WGMMA_IN_FLIGHT: the stage of the k-block still in flight
+  if constexpr (PM_WGMMA_HALF_STAGGER && HALVES == 2 && WIDTH > 0) {
+    // Per k-block: the first half's wgmmas, a wait for everything issued
+    // (the previous k-block's second half and this first half), the
+    // previous stage released, then the second half's wgmmas left running
+    // while the next k-block's stage is awaited and its first half issued.
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      mbarrier_wait(&smem.full[ring.stage], ring.phase);
+      const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + a_offset;
+      const uint32_t b = stages + ring.stage * Shape::STAGE_BYTES + b_offset;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Shape::BK / 16; ++kk) {
+          const uint64_t desc_b = B_KMAJOR ? smem_descriptor(b + kk * 32, 16, 1024)
+                                           : smem_descriptor(b + kk * 16 * 128, Shape::BK * 128, 1024);
+          const uint64_t desc_a = smem_descriptor(a + half * 64 * 128 + kk * 32, 16, 1024);
+          Wgmma<WIDTH, B_KMAJOR ? 0 : 1>::template run<kBF16>(
+              reinterpret_cast<float(&)[WIDTH / 2]>(d[half * HALF_REGS]), desc_a, desc_b, (kb > 0 || kk > 0) ? 1 : 0);
+        }
+        wgmma_commit();
+        if (half == 0) {
+          wgmma_wait<0>();
+          release_stage<CLUSTER>(&smem.empty[previous], signals && kb > 0);
+        }
+      }
+      previous = ring.stage;
+      ring.advance();
+    }
+    wgmma_wait<0>();
+    release_stage<CLUSTER>(&smem.empty[previous], signals && k_blocks > 0);
+    return;
+  }
   if (PM_WGMMA_EARLY_WAIT && k_blocks > 0) mbarrier_wait(&smem.full[ring.stage], ring.phase);
   for (int kb = 0; kb < k_blocks; ++kb) {
     if (!PM_WGMMA_EARLY_WAIT) mbarrier_wait(&smem.full[ring.stage], ring.phase);
