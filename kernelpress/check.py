@@ -63,17 +63,51 @@ def embedded_cuda_code(so: Path, cuobjdump: Path) -> tuple[set[str], set[str]]:
 HOPPER_INSTRUCTIONS = {"HGMMA": "wgmma", "UTMALDG": "TMA load"}
 
 
-def hopper_instructions(so: Path, cuobjdump: Path) -> dict[str, int] | str:
-    """How often each of HOPPER_INSTRUCTIONS occurs in the library's sm_90a SASS,
-    or why it could not be read (cuobjdump disassembles with nvdisasm, from
-    PyPI's nvidia-cuda-nvdisasm, looked up beside cuobjdump)."""
+def sm90a_sass(so: Path, cuobjdump: Path) -> tuple[str, str | None]:
+    """The library's sm_90a SASS as cuobjdump prints it, and None; or "" and why it
+    could not be read (cuobjdump disassembles with nvdisasm, from PyPI's
+    nvidia-cuda-nvdisasm, looked up beside cuobjdump)."""
     env = {**os.environ, "PATH": f"{cuobjdump.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     out = subprocess.run([str(cuobjdump), "--dump-sass", "--gpu-architecture", "sm_90a", str(so)],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
         message = (out.stderr or out.stdout).strip()
-        return message.splitlines()[-1] if message else f"cuobjdump exited {out.returncode}"
-    return {name: len(re.findall(rf"\b{name}\b", out.stdout)) for name in HOPPER_INSTRUCTIONS}
+        return "", message.splitlines()[-1] if message else f"cuobjdump exited {out.returncode}"
+    return out.stdout, None
+
+
+def hopper_instructions(so: Path, cuobjdump: Path) -> dict[str, int] | str:
+    """How often each of HOPPER_INSTRUCTIONS occurs in the library's sm_90a SASS,
+    or why it could not be read."""
+    sass, error = sm90a_sass(so, cuobjdump)
+    if error is not None:
+        return error
+    return {name: len(re.findall(rf"\b{name}\b", sass)) for name in HOPPER_INSTRUCTIONS}
+
+
+def serialized_wgmma_functions(sass: str) -> dict[str, tuple[int, int]]:
+    """Functions of a SASS listing whose wgmmas ptxas serialized: {name: (groups
+    of one HGMMA, groups)}. A group is the run of HGMMAs up to the one that
+    closes it (marked gsb0, then awaited with WARPGROUP.DEPBAR). The Hopper
+    rungs issue four per group (a 64-deep k-block in k16 steps); when ptxas
+    cannot pipeline them (its C7510-C7520 "wgmma.mma_async instructions are
+    serialized" advisories, shown only with -Xptxas -v) every HGMMA closes its
+    own group and is awaited at once, and the kernel runs several per cent
+    slower with nothing else to show for it. A function counts as serialized
+    when most of its groups hold one HGMMA."""
+    found: dict[str, tuple[int, int]] = {}
+    for chunk in re.split(r"^\s*Function : ", sass, flags=re.M)[1:]:
+        name = chunk.split(None, 1)[0]
+        sizes, current = [], 0
+        for line in re.findall(r"HGMMA\.[^;]*;", chunk):
+            current += 1
+            if "gsb0" in line:
+                sizes.append(current)
+                current = 0
+        singles = sizes.count(1)
+        if sizes and singles * 2 > len(sizes):
+            found[name] = (singles, len(sizes))
+    return found
 
 
 def _exported_symbols(so: Path) -> set[str]:
@@ -180,13 +214,19 @@ def check_variant(variant_dir: Path, config=None, cuobjdump: Path | None = None)
             add("SASS", not problems, "; ".join(problems)
                 or f"SASS {' '.join(sorted(sass))}" + (f", PTX {' '.join(sorted(ptx))}" if ptx else ""))
             if "sm_90a" in sass:
-                counts = hopper_instructions(libraries[0], tool)
-                if isinstance(counts, str):
-                    add("sm_90a instructions", False, f"could not disassemble: {counts}")
+                listing_90a, error = sm90a_sass(libraries[0], tool)
+                if error is not None:
+                    add("sm_90a instructions", False, f"could not disassemble: {error}")
                 else:
+                    counts = {name: len(re.findall(rf"\b{name}\b", listing_90a)) for name in HOPPER_INSTRUCTIONS}
                     missing = [f"no {name} ({what})" for name, what in HOPPER_INSTRUCTIONS.items() if not counts[name]]
                     add("sm_90a instructions", not missing, "; ".join(missing)
                         or ", ".join(f"{counts[name]} {name}" for name in HOPPER_INSTRUCTIONS))
+                    serialized = serialized_wgmma_functions(listing_90a)
+                    add("wgmma pipelining", not serialized,
+                        "; ".join(f"{name}: {singles} of {groups} wgmma groups hold one HGMMA (serialized by ptxas)"
+                                  for name, (singles, groups) in serialized.items())
+                        or "no function with serialized wgmmas")
     return results
 
 

@@ -247,8 +247,9 @@ def test_compile_error_is_reported(tmp_path):
 
 def test_hopper_instruction_check_tells_wgmma_code_from_plain_code(tmp_path):
     """kernelpress check counts HGMMA and UTMALDG in sm_90a SASS: zero for a plain
-    kernel built for sm_90a, many for this repo's Hopper rungs (when built)."""
-    from kernelpress.check import find_cuobjdump, hopper_instructions
+    kernel built for sm_90a, many for this repo's Hopper rungs (when built), whose
+    wgmmas ptxas must not have serialized in any function ("wgmma pipelining")."""
+    from kernelpress.check import find_cuobjdump, hopper_instructions, serialized_wgmma_functions, sm90a_sass
     from kernelpress.toolchain import find_nvcc
 
     cuobjdump = find_cuobjdump()
@@ -261,5 +262,36 @@ def test_hopper_instruction_check_tells_wgmma_code_from_plain_code(tmp_path):
     assert hopper_instructions(obj, cuobjdump) == {"HGMMA": 0, "UTMALDG": 0}
     built = sorted((Path(__file__).resolve().parent.parent / "build").glob("torch-*/*.so"))
     if built:
-        counts = hopper_instructions(built[0], cuobjdump)
-        assert isinstance(counts, dict) and counts["HGMMA"] > 0 and counts["UTMALDG"] > 0, counts
+        sass, error = sm90a_sass(built[0], cuobjdump)
+        assert error is None, error
+        assert sass.count("HGMMA") > 0 and sass.count("UTMALDG") > 0
+        assert serialized_wgmma_functions(sass) == {}
+
+
+def _sass_function(name: str, groups: list[int]) -> str:
+    """A cuobjdump-style SASS listing of one function whose wgmma groups hold
+    these numbers of HGMMAs, each group closed by gsb0 and awaited."""
+    lines = [f"\t\tFunction : {name}", "\t.headerflags\t@\"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)\""]
+    address = 0
+    for size in groups:
+        for i in range(size):
+            mark = ", gsb0" if i == size - 1 else ""
+            lines.append(f"        /*{address:04x}*/                   HGMMA.64x256x16.F32.BF16 R24, gdesc[UR20].tnspB, "
+                         f"R24{mark} ;  /* 0x43e00000141879f0 */")
+            address += 16
+        lines.append(f"        /*{address:04x}*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;  /* 0x00008000000079c5 */")
+        address += 16
+    return "\n".join(lines) + "\n"
+
+
+def test_serialized_wgmma_check_finds_functions_whose_wgmmas_ptxas_serialized():
+    """The check flags a function whose HGMMAs each close their own group (what
+    ptxas emits when it serializes wgmmas), and passes pipelined groups of four,
+    as the Hopper rungs issue them, in the same listing."""
+    from kernelpress.check import serialized_wgmma_functions
+
+    listing = (_sass_function("pipelined_kernel", [4, 4, 4, 4]) + _sass_function("serialized_kernel", [1] * 12)
+               + _sass_function("plain_kernel", []))
+    assert serialized_wgmma_functions(listing) == {"serialized_kernel": (12, 12)}
+    assert serialized_wgmma_functions(_sass_function("mostly_pipelined", [4, 4, 1])) == {}
+
