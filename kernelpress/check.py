@@ -76,13 +76,16 @@ def sm90a_sass(so: Path, cuobjdump: Path) -> tuple[str, str | None]:
     return out.stdout, None
 
 
+def count_hopper_instructions(sass: str) -> dict[str, int]:
+    """How often each of HOPPER_INSTRUCTIONS occurs in a SASS listing."""
+    return {name: len(re.findall(rf"\b{name}\b", sass)) for name in HOPPER_INSTRUCTIONS}
+
+
 def hopper_instructions(so: Path, cuobjdump: Path) -> dict[str, int] | str:
     """How often each of HOPPER_INSTRUCTIONS occurs in the library's sm_90a SASS,
     or why it could not be read."""
     sass, error = sm90a_sass(so, cuobjdump)
-    if error is not None:
-        return error
-    return {name: len(re.findall(rf"\b{name}\b", sass)) for name in HOPPER_INSTRUCTIONS}
+    return error if error is not None else count_hopper_instructions(sass)
 
 
 def serialized_wgmma_functions(sass: str) -> dict[str, tuple[int, int]]:
@@ -218,7 +221,7 @@ def check_variant(variant_dir: Path, config=None, cuobjdump: Path | None = None)
                 if error is not None:
                     add("sm_90a instructions", False, f"could not disassemble: {error}")
                 else:
-                    counts = {name: len(re.findall(rf"\b{name}\b", listing_90a)) for name in HOPPER_INSTRUCTIONS}
+                    counts = count_hopper_instructions(listing_90a)
                     missing = [f"no {name} ({what})" for name, what in HOPPER_INSTRUCTIONS.items() if not counts[name]]
                     add("sm_90a instructions", not missing, "; ".join(missing)
                         or ", ".join(f"{counts[name]} {name}" for name in HOPPER_INSTRUCTIONS))

@@ -249,7 +249,8 @@ def test_hopper_instruction_check_tells_wgmma_code_from_plain_code(tmp_path):
     """kernelpress check counts HGMMA and UTMALDG in sm_90a SASS: zero for a plain
     kernel built for sm_90a, many for this repo's Hopper rungs (when built), whose
     wgmmas ptxas must not have serialized in any function ("wgmma pipelining")."""
-    from kernelpress.check import find_cuobjdump, hopper_instructions, serialized_wgmma_functions, sm90a_sass
+    from kernelpress.check import (count_hopper_instructions, find_cuobjdump, hopper_instructions,
+                                   serialized_wgmma_functions, sm90a_sass)
     from kernelpress.toolchain import find_nvcc
 
     cuobjdump = find_cuobjdump()
@@ -264,7 +265,8 @@ def test_hopper_instruction_check_tells_wgmma_code_from_plain_code(tmp_path):
     if built:
         sass, error = sm90a_sass(built[0], cuobjdump)
         assert error is None, error
-        assert sass.count("HGMMA") > 0 and sass.count("UTMALDG") > 0
+        counts = count_hopper_instructions(sass)
+        assert counts["HGMMA"] > 0 and counts["UTMALDG"] > 0, counts
         assert serialized_wgmma_functions(sass) == {}
 
 
