@@ -124,21 +124,10 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
-// Arrivals made only if `arrive`, as predicated instructions (no branch):
-// on this CTA's barrier, or on the barrier at the same offset in cluster CTA `cta`.
-__device__ __forceinline__ void mbarrier_arrive_if(uint64_t* bar, bool arrive) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}" ::"r"(
-                   smem_u32(bar)),
-               "r"(int(arrive))
-               : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive_in_cta_if(uint64_t* bar, uint32_t cta, bool arrive) {
-  asm volatile(
-      "{\n.reg .pred p;\n.reg .b32 remote;\nsetp.ne.b32 p, %2, 0;\n"
-      "@p mapa.shared::cluster.u32 remote, %0, %1;\n@p mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(
-          smem_u32(bar)),
-      "r"(cta), "r"(int(arrive))
-      : "memory");
+__device__ __forceinline__ void mbarrier_arrive_in_cta(uint64_t* bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
 // Register reallocation between warpgroups (needs a register cap at entry,

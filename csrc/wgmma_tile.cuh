@@ -45,36 +45,16 @@ namespace hopper {
 // tile the producer is already loading.
 constexpr int TILE_QUEUE_SLOTS = 2;
 
-#ifndef PM_WGMMA_SPLIT_COLUMNS
-#define PM_WGMMA_SPLIT_COLUMNS 0
-#endif
-#ifndef PM_WGMMA_IN_FLIGHT
-#define PM_WGMMA_IN_FLIGHT 0
-#endif
-#ifndef PM_WGMMA_EARLY_WAIT
-#define PM_WGMMA_EARLY_WAIT 0
-#endif
-#ifndef PM_WGMMA_HALF_STAGGER
-#define PM_WGMMA_HALF_STAGGER 0
-#endif
-
-// A 128 x BN x 64 tile computed by two consumer warpgroups. BN = 256 for
-// problems with enough tiles to fill the GPU, 128 otherwise. The consumers
-// split the tile by rows (consumer c: rows 64c .. 64c + 63, all BN columns,
-// one m64nBNk16 wgmma per k16) or, with SPLIT_COLUMNS, by columns (consumer
-// c: all 128 rows as two 64-row halves, columns c BN / 2 .. , two
-// independent m64n(BN/2)k16 wgmmas per k16). The stages take what fits in
-// ~200 KB of shared memory (4 of 48 KB, or 6 of 32 KB); the output staging
-// buffers (two 64 x 64 boxes per consumer) take 32 KB.
-template <int BN_, bool SPLIT_COLUMNS_ = false>
+// A 128 x BN x 64 tile: two consumer warpgroups of 64 x BN each. BN = 256
+// for problems with enough tiles to fill the GPU, 128 otherwise. The stages
+// take what fits in ~200 KB of shared memory (4 of 48 KB, or 6 of 32 KB);
+// the output staging buffers (two 64 x 64 boxes per consumer) take 32 KB.
+template <int BN_>
 struct WgmmaShape {
   static constexpr int BM = 128, BN = BN_, BK = 64;
   static constexpr int CONSUMERS = 2;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
-  static constexpr bool SPLIT_COLUMNS = SPLIT_COLUMNS_;
-  static constexpr int HALVES = SPLIT_COLUMNS ? 2 : 1;                // 64-row blocks per consumer
-  static constexpr int PART_N = SPLIT_COLUMNS ? BN / CONSUMERS : BN;  // columns per consumer
-  static constexpr int ACCUMULATORS = HALVES * PART_N / 2;            // fp32 registers per consumer thread
+  static constexpr int ACCUMULATORS = BN / 2;  // fp32 registers per consumer thread
   static constexpr int A_STAGE_BYTES = BM * BK * 2;
   static constexpr int B_STAGE_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
@@ -98,7 +78,7 @@ struct WgmmaShape {
   static_assert((LAUNCH_REGS - PRODUCER_REGS) * 128 >= (CONSUMER_REGS - LAUNCH_REGS) * 128 * CONSUMERS,
                 "the consumers' registers must come from the producer's");
 };
-using WideTile = WgmmaShape<256, PM_WGMMA_SPLIT_COLUMNS != 0>;
+using WideTile = WgmmaShape<256>;
 using NarrowTile = WgmmaShape<128>;
 
 // The tile queue in shared memory: per slot a tile index and two barriers,
@@ -176,7 +156,7 @@ class OneTilePerCta {
 // of the cluster takes tile row 2 * pair + rank. With an odd number of tile
 // rows the last pair's second tile lies below the output: that CTA still
 // loads and multicasts its half of B for its partner, skips A, and its
-// consumers only pass the stages through (mma_extent width 0: no wgmma, no store).
+// consumers only pass the stages through (mma_width 0: no wgmma, no store).
 class TilePairsPerCluster {
  public:
   __device__ TilePairsPerCluster(int tiles_m, int tiles_n, tc::TileOrder order, int rank)
@@ -365,195 +345,78 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
 }
 
 // Tells the producers of every CTA of the cluster that this consumer
-// warpgroup is done with `stage`, if `signals` (one thread per warpgroup
-// signals). Predicated instructions, not a branch: a branch between a wgmma
-// and its wait makes ptxas serialize the wgmmas (C7518).
+// warpgroup is done with `stage` (one thread per warpgroup signals).
 template <int CLUSTER>
-__device__ __forceinline__ void release_stage(uint64_t* empty, bool signals) {
+__device__ __forceinline__ void release_stage(uint64_t* empty) {
   if constexpr (CLUSTER == 1) {
-    mbarrier_arrive_if(empty, signals);
+    mbarrier_arrive(empty);
   } else {
 #pragma unroll
-    for (int cta = 0; cta < CLUSTER; ++cta) mbarrier_arrive_in_cta_if(empty, cta, signals);
+    for (int cta = 0; cta < CLUSTER; ++cta) mbarrier_arrive_in_cta(empty, cta);
   }
 }
 
-// The block of a tile one consumer warpgroup computes (WgmmaShape: by rows
-// or by columns): Shape::HALVES blocks of 64 rows from part_row, each
-// Shape::PART_N columns wide from part_col.
+// The wgmma width one consumer warpgroup needs for a tile: 0 if its 64
+// rows all lie below the output (it computes nothing), else the narrowest of
+// 64, 128, BN columns that covers the tile's columns inside the output. An
+// edge tile with a few rows or columns in the output (4097^3: one of each)
+// then costs a fraction of a full tile, not a whole one.
 template <typename Shape>
-__device__ __forceinline__ int64_t part_row(tc::TileCoord tile, int consumer) {
-  return int64_t(tile.m) * Shape::BM + (Shape::SPLIT_COLUMNS ? 0 : consumer * 64);
-}
-template <typename Shape>
-__device__ __forceinline__ int64_t part_col(tc::TileCoord tile, int consumer) {
-  return int64_t(tile.n) * Shape::BN + (Shape::SPLIT_COLUMNS ? consumer * Shape::PART_N : 0);
+__device__ __forceinline__ int mma_width(const MatmulProblem& p, tc::TileCoord tile, int consumer) {
+  if (int64_t(tile.m) * Shape::BM + consumer * 64 >= p.m) return 0;
+  const int64_t cols = p.n - int64_t(tile.n) * Shape::BN;
+  return cols <= 64 ? 64 : cols <= 128 ? 128 : Shape::BN;
 }
 
-// What of its block a consumer multiplies: `halves` 64-row blocks (those
-// with a row inside the output) with wgmmas `width` columns wide (the
-// narrowest of 64, 128, PART_N that covers the block's columns inside the
-// output); width 0 if the block lies wholly outside the output (it computes
-// nothing). An edge tile with a few rows or columns in the output (4097^3:
-// one of each) then costs a fraction of a full tile, not a whole one.
-struct MmaExtent {
-  int width, halves;
-};
-template <typename Shape>
-__device__ __forceinline__ MmaExtent mma_extent(const MatmulProblem& p, tc::TileCoord tile, int consumer) {
-  const int64_t rows = p.m - part_row<Shape>(tile, consumer), cols = p.n - part_col<Shape>(tile, consumer);
-  if (rows <= 0 || cols <= 0) return {0, 0};
-  return {cols <= 64 ? 64 : cols <= 128 ? 128 : Shape::PART_N, rows > 64 ? Shape::HALVES : 1};
-}
-
-// Keeps the compiler from moving accumulator registers across this point
-// (CUTLASS's warpgroup_fence_operand): a register copy between a wgmma and
-// its wait makes ptxas serialize the wgmmas (C7515).
-template <int N>
-__device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// One consumer warpgroup's k-loop over a tile: for each of its first HALVES
-// 64-row blocks, d[half] = A[the block's rows] x B[first WIDTH columns of the
-// consumer's], with wgmmas WIDTH wide (the halves' wgmmas interleaved per
-// k16: independent accumulators); accumulators it does not write are zero.
-// WIDTH = 0 only waits for each stage and releases it.
-// A stage is released once its wgmmas are done: at once (wgmma_wait<0>), or
-// with PM_WGMMA_IN_FLIGHT one k-block later (wgmma_wait<1>), so that the
-// next k-block's wgmmas are queued while this one's finish.
-template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int WIDTH, int HALVES>
+// One consumer warpgroup's k-loop over a tile: d = A[rows of this consumer] x
+// B[first WIDTH columns], with wgmmas WIDTH wide; accumulators past WIDTH / 2
+// are zero. WIDTH = 0 only waits for each stage and releases it.
+template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int WIDTH>
 __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, RingPosition<Shape::STAGES>& ring,
                                              int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS]) {
   constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
-  constexpr int HALF_REGS = Shape::PART_N / 2;  // accumulators of one 64-row block
   static_assert(WIDTH == 0 || WIDTH == 64 || WIDTH == 128 || WIDTH == 256, "wgmma widths 64, 128 or 256");
-  static_assert(WIDTH <= Shape::PART_N && HALVES >= 1 && HALVES <= Shape::HALVES, "a consumer's block");
-  static_assert(Shape::BK == 64, "128-byte rows of K: the B column offset below assumes 64-deep stages");
 #pragma unroll
-  for (int half = 0; half < Shape::HALVES; ++half) {
-#pragma unroll
-    for (int i = (half < HALVES ? WIDTH / 2 : 0); i < HALF_REGS; ++i) d[half * HALF_REGS + i] = 0.0f;
-  }
+  for (int i = WIDTH / 2; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
   const bool signals = threadIdx.x % 128 == 0;
   const uint32_t stages = smem_u32(smem.stages);
-  // The consumer's rows of A and columns of B within a stage (either layout
-  // of B keeps 64 columns in 64 x 128 bytes).
-  const uint32_t a_offset = Shape::SPLIT_COLUMNS ? 0 : consumer * 64 * 128;
-  const uint32_t b_offset = Shape::A_STAGE_BYTES + (Shape::SPLIT_COLUMNS ? consumer * Shape::PART_N * 128 : 0);
-  int previous = 0;  // with PM_WGMMA_IN_FLIGHT: the stage of the k-block still in flight
-  if constexpr (PM_WGMMA_HALF_STAGGER && HALVES == 2 && WIDTH > 0) {
-    // Per k-block: the first half's wgmmas, a wait for everything issued
-    // (the previous k-block's second half and this first half), the
-    // previous stage released, then the second half's wgmmas left running
-    // while the next k-block's stage is awaited and its first half issued.
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      mbarrier_wait(&smem.full[ring.stage], ring.phase);
-      const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + a_offset;
-      const uint32_t b = stages + ring.stage * Shape::STAGE_BYTES + b_offset;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        fence_accumulators(d);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < Shape::BK / 16; ++kk) {
-          const uint64_t desc_b = B_KMAJOR ? smem_descriptor(b + kk * 32, 16, 1024)
-                                           : smem_descriptor(b + kk * 16 * 128, Shape::BK * 128, 1024);
-          const uint64_t desc_a = smem_descriptor(a + half * 64 * 128 + kk * 32, 16, 1024);
-          Wgmma<WIDTH, B_KMAJOR ? 0 : 1>::template run<kBF16>(
-              reinterpret_cast<float(&)[WIDTH / 2]>(d[half * HALF_REGS]), desc_a, desc_b, (kb > 0 || kk > 0) ? 1 : 0);
-        }
-        wgmma_commit();
-        fence_accumulators(d);
-        if (half == 0) {
-          wgmma_wait<0>();
-          fence_accumulators(d);
-          release_stage<CLUSTER>(&smem.empty[previous], signals && kb > 0);
-        }
-      }
-      previous = ring.stage;
-      ring.advance();
-    }
-    wgmma_wait<0>();
-    fence_accumulators(d);
-    release_stage<CLUSTER>(&smem.empty[previous], signals && k_blocks > 0);
-    return;
-  }
-  if (PM_WGMMA_EARLY_WAIT && k_blocks > 0) mbarrier_wait(&smem.full[ring.stage], ring.phase);
   for (int kb = 0; kb < k_blocks; ++kb) {
-    if (!PM_WGMMA_EARLY_WAIT) mbarrier_wait(&smem.full[ring.stage], ring.phase);
+    mbarrier_wait(&smem.full[ring.stage], ring.phase);
     if constexpr (WIDTH > 0) {
-      const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + a_offset;
-      const uint32_t b = stages + ring.stage * Shape::STAGE_BYTES + b_offset;
+      const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + consumer * 64 * 128;
+      const uint32_t b = stages + ring.stage * Shape::STAGE_BYTES + Shape::A_STAGE_BYTES;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < Shape::BK / 16; ++kk) {
         // K-major rows are 128 bytes (64 elements): step 32 bytes per k16.
         // N-major B holds 64-element column blocks of BK rows: step 16 rows.
+        const uint64_t desc_a = smem_descriptor(a + kk * 32, 16, 1024);
         const uint64_t desc_b = B_KMAJOR ? smem_descriptor(b + kk * 32, 16, 1024)
                                          : smem_descriptor(b + kk * 16 * 128, Shape::BK * 128, 1024);
-#pragma unroll
-        for (int half = 0; half < HALVES; ++half) {
-          const uint64_t desc_a = smem_descriptor(a + half * 64 * 128 + kk * 32, 16, 1024);
-          Wgmma<WIDTH, B_KMAJOR ? 0 : 1>::template run<kBF16>(
-              reinterpret_cast<float(&)[WIDTH / 2]>(d[half * HALF_REGS]), desc_a, desc_b, (kb > 0 || kk > 0) ? 1 : 0);
-        }
+        Wgmma<WIDTH, B_KMAJOR ? 0 : 1>::template run<kBF16>(reinterpret_cast<float(&)[WIDTH / 2]>(d), desc_a,
+                                                            desc_b, (kb > 0 || kk > 0) ? 1 : 0);
       }
       wgmma_commit();
     }
-    if constexpr (PM_WGMMA_IN_FLIGHT) {
-      wgmma_wait<1>();  // the previous k-block's wgmmas are done: free its stage
-      release_stage<CLUSTER>(&smem.empty[previous], signals && kb > 0);
-      previous = ring.stage;
-    } else {
-      if (PM_WGMMA_EARLY_WAIT && kb + 1 < k_blocks) {
-        // Wait for the next k-block's stage while this one's wgmmas run, so
-        // that the next wgmmas issue as soon as these are done.
-        RingPosition<Shape::STAGES> next = ring;
-        next.advance();
-        mbarrier_wait(&smem.full[next.stage], next.phase);
-      }
-      wgmma_wait<0>();  // this k-block's wgmmas are done: free the stage now
-      release_stage<CLUSTER>(&smem.empty[ring.stage], signals);
-    }
+    wgmma_wait<0>();  // this k-block's wgmmas are done: free the stage now
+    if (signals) release_stage<CLUSTER>(&smem.empty[ring.stage]);
     ring.advance();
-  }
-  if constexpr (PM_WGMMA_IN_FLIGHT) {
-    wgmma_wait<0>();
-    release_stage<CLUSTER>(&smem.empty[previous], signals && k_blocks > 0);
   }
 }
 
-// consume_tile at the extent the tile needs (mma_extent).
-template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int HALVES>
-__device__ __forceinline__ void consume_tile_halves(int width, const SharedStages<Shape>& smem,
-                                                    RingPosition<Shape::STAGES>& ring, int k_blocks, int consumer,
-                                                    float (&d)[Shape::ACCUMULATORS]) {
-  if (width == Shape::PART_N) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::PART_N, HALVES>(smem, ring, k_blocks, consumer, d);
-  } else if (width == 64) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64, HALVES>(smem, ring, k_blocks, consumer, d);
-  } else if constexpr (Shape::PART_N > 128) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128, HALVES>(smem, ring, k_blocks, consumer, d);
-  }
-}
+// consume_tile at the width the tile needs (mma_width).
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR>
-__device__ __forceinline__ void consume_tile_at(MmaExtent extent, const SharedStages<Shape>& smem,
+__device__ __forceinline__ void consume_tile_at(int width, const SharedStages<Shape>& smem,
                                                 RingPosition<Shape::STAGES>& ring, int k_blocks, int consumer,
                                                 float (&d)[Shape::ACCUMULATORS]) {
-#ifdef PM_PROBE_ONE_PATH
-  if constexpr (Shape::HALVES == 2) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::PART_N, 2>(smem, ring, k_blocks, consumer, d);
-    return;
-  }
-#endif
-  if (extent.width == 0) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0, 1>(smem, ring, k_blocks, consumer, d);
-  } else if (extent.halves == Shape::HALVES) {
-    consume_tile_halves<T, Shape, CLUSTER, B_KMAJOR, Shape::HALVES>(extent.width, smem, ring, k_blocks, consumer, d);
-  } else if constexpr (Shape::HALVES > 1) {
-    consume_tile_halves<T, Shape, CLUSTER, B_KMAJOR, 1>(extent.width, smem, ring, k_blocks, consumer, d);
+  if (width == Shape::BN) {
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::BN>(smem, ring, k_blocks, consumer, d);
+  } else if (width == 0) {
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0>(smem, ring, k_blocks, consumer, d);
+  } else if (width == 64) {
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64>(smem, ring, k_blocks, consumer, d);
+  } else if constexpr (Shape::BN > 128) {
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, d);
   }
 }
 
@@ -575,33 +438,32 @@ __device__ __forceinline__ void bias_pair(const T* bias, int64_t col, int64_t n,
   bias1 = bias != nullptr && col + 1 < n ? to_float(bias[col + 1]) : 0.0f;
 }
 
-// Writes one consumer's accumulators (+ bias) to out, clipping tails,
+// Writes one consumer's 64 x BN accumulators (+ bias) to out, clipping tails,
 // straight from the fragments: for outputs whose rows are not contiguous
 // (out_stride_n != 1; the other outputs go through shared memory).
 // Fragment layout of m64nNk16: thread t of the warpgroup holds, for each
 // 8-column block j, rows 16 * (t / 32) + (t % 32) / 4 (+ 8) and columns
-// 8j + 2 * (t % 4) (+ 1); a consumer's 64-row halves follow each other.
+// 8j + 2 * (t % 4) (+ 1).
 template <typename T, typename Shape>
 __device__ __forceinline__ void store_tile(const MatmulProblem& p, tc::TileCoord tile, int consumer,
                                            const float (&d)[Shape::ACCUMULATORS]) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int64_t col0 = part_col<Shape>(tile, consumer) + 2 * (lane % 4);
+  const int64_t row0 = int64_t(tile.m) * Shape::BM + consumer * 64 + warp * 16 + lane / 4;
+  const int64_t col0 = int64_t(tile.n) * Shape::BN + 2 * (lane % 4);
   T* out = static_cast<T*>(p.out);
   const T* bias = static_cast<const T*>(p.bias);
   // Two adjacent outputs form one aligned 4-byte store when rows are contiguous.
   const bool pairs = p.out_stride_n == 1 && p.out_stride_m % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
 #pragma unroll
-  for (int j = 0; j < Shape::PART_N / 8; ++j) {
+  for (int j = 0; j < Shape::BN / 8; ++j) {
     const int64_t col = col0 + j * 8;
     float bias0, bias1;
     bias_pair(bias, col, p.n, bias0, bias1);
 #pragma unroll
-    for (int part = 0; part < 2 * Shape::HALVES; ++part) {  // rows +0 and +8 of each 64-row half
-      const int half = part / 2, eighth = part % 2;
-      const int64_t row = part_row<Shape>(tile, consumer) + 64 * half + warp * 16 + lane / 4 + 8 * eighth;
+    for (int half = 0; half < 2; ++half) {
+      const int64_t row = row0 + 8 * half;
       if (row >= p.m || col >= p.n) continue;
-      const int i = half * Shape::PART_N / 2 + j * 4 + eighth * 2;
-      const float x = d[i] + bias0, y = d[i + 1] + bias1;
+      const float x = d[j * 4 + half * 2] + bias0, y = d[j * 4 + half * 2 + 1] + bias1;
       T* dst = out + row * p.out_stride_m + col * p.out_stride_n;
       if (pairs && col + 1 < p.n) {
         store_pair<T>(dst, x, y);
@@ -613,27 +475,28 @@ __device__ __forceinline__ void store_tile(const MatmulProblem& p, tc::TileCoord
   }
 }
 
-// Writes a 64 x 64 box of one consumer's accumulators (+ bias): columns
-// `col` .. col + 63 of the output, the eight 8-column blocks of the fragment
-// from d[first], into `buffer` with 128-byte rows in TMA's 128B-swizzled
-// layout (16-byte chunk c of row r sits at chunk c ^ (r % 8)): each thread's
-// fragment pairs go in as 4-byte shared stores, and the eight rows one store
-// instruction touches fall in distinct banks.
+// Writes 8-column blocks box * 8 .. box * 8 + 7 of one consumer's
+// accumulators (+ bias) into `buffer`, a 64 x 64 box of the output with
+// 128-byte rows in TMA's 128B-swizzled layout (16-byte chunk c of row r sits
+// at chunk c ^ (r % 8)): each thread's fragment pairs go in as 4-byte shared
+// stores, and the eight rows one store instruction touches fall in distinct banks.
 // The stores name the shared window (st.shared, 32-bit addresses): through a
 // plain pointer they compiled to generic 64-bit stores, and with the bias
 // read per column pair inside the loop (predicated loads, each store waiting
 // on one) a box took ~0.5 us on the H200, 2.2 us per tile. The bias columns
 // of the box are read first, all at once, and only if there is a bias.
 template <typename T, typename Shape>
-__device__ __forceinline__ void stage_box(const MatmulProblem& p, char* buffer, int64_t col, int first,
+__device__ __forceinline__ void stage_box(const MatmulProblem& p, char* buffer, tc::TileCoord tile, int box,
                                           const float (&d)[Shape::ACCUMULATORS]) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int64_t col0 = col + 2 * (lane % 4);
+  const int64_t col0 = int64_t(tile.n) * Shape::BN + 2 * (lane % 4);
   const T* bias = static_cast<const T*>(p.bias);
   float bias0[8], bias1[8];
   if (bias != nullptr) {
 #pragma unroll
-    for (int block = 0; block < 8; ++block) bias_pair(bias, col0 + block * 8, p.n, bias0[block], bias1[block]);
+    for (int block = 0; block < 8; ++block) {
+      bias_pair(bias, col0 + (box * 8 + block) * 8, p.n, bias0[block], bias1[block]);
+    }
   } else {
 #pragma unroll
     for (int block = 0; block < 8; ++block) bias0[block] = bias1[block] = 0.0f;
@@ -641,44 +504,24 @@ __device__ __forceinline__ void stage_box(const MatmulProblem& p, char* buffer, 
   const uint32_t base = smem_u32(buffer);
 #pragma unroll
   for (int block = 0; block < 8; ++block) {  // 8-column blocks of the box
-    const int i = first + block * 4;         // ... and their place in the fragment
+    const int j = box * 8 + block;           // ... and of the consumer's fragment
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp * 16 + lane / 4 + 8 * half;  // row % 8 == lane / 4
       const uint32_t offset = row * 128 + ((block ^ (lane / 4)) << 4) + 4 * (lane % 4);
-      const tc::Pair<T> pair = tc::make_pair<T>(d[i + half * 2] + bias0[block], d[i + half * 2 + 1] + bias1[block]);
+      const tc::Pair<T> pair =
+          tc::make_pair<T>(d[j * 4 + half * 2] + bias0[block], d[j * 4 + half * 2 + 1] + bias1[block]);
       st_shared_b32(base + offset, *reinterpret_cast<const uint32_t*>(&pair));
     }
   }
 }
 
-// Calls box(row, col, first, count) for each 64 x 64 box of a consumer's
-// block that starts inside the output, in order: its first row and column
-// in the output, where its fragment starts in the accumulators, and how
-// many boxes came before it.
-template <typename Shape, typename Box>
-__device__ __forceinline__ void for_each_box(const MatmulProblem& p, tc::TileCoord tile, int consumer, Box box) {
-  const int64_t cols = p.n - part_col<Shape>(tile, consumer);
-  const int boxes_per_half = cols >= Shape::PART_N ? Shape::PART_N / 64 : int(ceil_div(cols, 64));
-#pragma unroll
-  for (int half = 0; half < Shape::HALVES; ++half) {
-    const int64_t row = part_row<Shape>(tile, consumer) + 64 * half;
-    if (row >= p.m) break;  // halves below the output's last row
-#pragma unroll
-    for (int column = 0; column < Shape::PART_N / 64; ++column) {
-      if (column >= boxes_per_half) break;  // boxes past the output's last column
-      box(row, part_col<Shape>(tile, consumer) + 64 * column, half * Shape::PART_N / 2 + column * 32,
-          half * boxes_per_half + column);
-    }
-  }
-}
-
-// Hands one consumer's accumulators (+ bias) to the copy engine, in 64 x 64
-// boxes through the consumer's two staging buffers (stage_box). Thread 0 of
-// the warpgroup issues the TMA stores; before a buffer is refilled it waits
-// until the store issued from it two boxes ago has read it. The stores
-// complete in the background; the kernel's last act is to wait for them
-// (finish_stores).
+// Hands one consumer's 64 x BN accumulators (+ bias) to the copy engine, in
+// BN / 64 boxes of 64 x 64 through the consumer's two staging buffers
+// (stage_box). Thread 0 of the warpgroup issues the TMA stores; before a
+// buffer is refilled it waits until the store issued from it two boxes ago
+// has read it. The stores complete in the background; the kernel's last act
+// is to wait for them (finish_stores).
 template <typename T, typename Shape>
 __device__ __forceinline__ void store_tile_tma(const MatmulProblem& p, const CUtensorMap* map_out,
                                                char* staging, tc::TileCoord tile, int consumer,
@@ -686,18 +529,20 @@ __device__ __forceinline__ void store_tile_tma(const MatmulProblem& p, const CUt
   const bool leader = threadIdx.x % 128 == 0;
   const int barrier = 2 + consumer;  // named barrier of this consumer warpgroup (0: __syncthreads, 1: timeline)
   char* buffers = staging + consumer * Shape::OUT_BUFFERS * Shape::OUT_BOX_BYTES;
-  for_each_box<Shape>(p, tile, consumer, [&](int64_t row, int64_t col, int first, int count) {
-    char* buffer = buffers + (count % Shape::OUT_BUFFERS) * Shape::OUT_BOX_BYTES;
+#pragma unroll
+  for (int box = 0; box < Shape::BN / 64; ++box) {
+    if (int64_t(tile.n) * Shape::BN + box * 64 >= p.n) break;  // boxes past the output's last column
+    char* buffer = buffers + (box % Shape::OUT_BUFFERS) * Shape::OUT_BOX_BYTES;
     if (leader) bulk_wait_read<Shape::OUT_BUFFERS - 1>();  // the buffer's previous store has read it
     named_barrier_sync(barrier, 128);
-    stage_box<T, Shape>(p, buffer, col, first, d);
+    stage_box<T, Shape>(p, buffer, tile, box, d);
     fence_proxy_async();  // this thread's shared stores, visible to the copy engine
     named_barrier_sync(barrier, 128);
     if (leader) {
-      tma_store_2d(map_out, buffer, int(col), int(row));
+      tma_store_2d(map_out, buffer, tile.n * Shape::BN + box * 64, tile.m * Shape::BM + consumer * 64);
       bulk_commit();
     }
-  });
+  }
 }
 
 // The same staging for outputs with contiguous rows that TMA cannot store
@@ -715,10 +560,13 @@ __device__ __forceinline__ void store_tile_staged(const MatmulProblem& p, char* 
   char* buffer = staging + consumer * Shape::OUT_BUFFERS * Shape::OUT_BOX_BYTES;
   T* out = static_cast<T*>(p.out);
   const bool out_even = reinterpret_cast<uintptr_t>(out) % 4 == 0;
-  for_each_box<Shape>(p, tile, consumer, [&](int64_t first_row, int64_t box_col, int first, int) {
-    const int64_t col = box_col + 2 * lane;
+  const int64_t first_row = int64_t(tile.m) * Shape::BM + consumer * 64;
+#pragma unroll
+  for (int box = 0; box < Shape::BN / 64; ++box) {
+    const int64_t col = int64_t(tile.n) * Shape::BN + box * 64 + 2 * lane;
+    if (col - 2 * lane >= p.n) break;  // boxes past the output's last column
     named_barrier_sync(barrier, 128);  // every thread has copied out the previous box
-    stage_box<T, Shape>(p, buffer, box_col, first, d);
+    stage_box<T, Shape>(p, buffer, tile, box, d);
     named_barrier_sync(barrier, 128);  // the box is staged
 #pragma unroll 4
     for (int r = warp; r < 64; r += 4) {
@@ -734,7 +582,7 @@ __device__ __forceinline__ void store_tile_staged(const MatmulProblem& p, char* 
         if (col + 1 < p.n) dst[1] = pair.y;
       }
     }
-  });
+  }
 }
 
 // Split-tail partial sums of one consumer's 64 x BN rows in a slot of
@@ -838,10 +686,9 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
     while (tiles.next(tile)) {
       const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
       float d[Shape::ACCUMULATORS];
-      const MmaExtent extent = mma_extent<Shape>(p, tile, consumer);
-      const int width = extent.width;
+      const int width = mma_width<Shape>(p, tile, consumer);
       const KRange range = k_range_of(tiles, k_blocks);
-      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(extent, smem, ring, range.end - range.begin, consumer, d);
+      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, d);
       const UnitRole role = role_of(tiles);
       if (width > 0 && role.part >= 0 && role.part < role.parts - 1) {
         hand_over_partial<Shape>(p, role, consumer, d);  // a part of a tile another unit stores
