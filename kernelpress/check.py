@@ -93,7 +93,7 @@ def serialized_wgmma_functions(sass: str) -> dict[str, tuple[int, int]]:
     of one HGMMA, groups)}. A group is the run of HGMMAs up to the one that
     closes it (marked gsb0, then awaited with WARPGROUP.DEPBAR). The Hopper
     rungs issue four per group (a 64-deep k-block in k16 steps); when ptxas
-    cannot pipeline them (its C7510-C7520 "wgmma.mma_async instructions are
+    cannot pipeline them (its C75xx advisories, "wgmma.mma_async instructions are
     serialized" advisories, shown only with -Xptxas -v) every HGMMA closes its
     own group and is awaited at once, and the kernel runs several per cent
     slower with nothing else to show for it. A function counts as serialized
