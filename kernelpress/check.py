@@ -81,13 +81,6 @@ def count_hopper_instructions(sass: str) -> dict[str, int]:
     return {name: len(re.findall(rf"\b{name}\b", sass)) for name in HOPPER_INSTRUCTIONS}
 
 
-def hopper_instructions(so: Path, cuobjdump: Path) -> dict[str, int] | str:
-    """How often each of HOPPER_INSTRUCTIONS occurs in the library's sm_90a SASS,
-    or why it could not be read."""
-    sass, error = sm90a_sass(so, cuobjdump)
-    return error if error is not None else count_hopper_instructions(sass)
-
-
 def serialized_wgmma_functions(sass: str) -> dict[str, tuple[int, int]]:
     """Functions of a SASS listing whose wgmmas ptxas serialized: {name: (groups
     of one HGMMA, groups)}. A group is the run of HGMMAs up to the one that

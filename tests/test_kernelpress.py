@@ -249,8 +249,7 @@ def test_hopper_instruction_check_tells_wgmma_code_from_plain_code(tmp_path):
     """kernelpress check counts HGMMA and UTMALDG in sm_90a SASS: zero for a plain
     kernel built for sm_90a, many for this repo's Hopper rungs (when built), whose
     wgmmas ptxas must not have serialized in any function ("wgmma pipelining")."""
-    from kernelpress.check import (count_hopper_instructions, find_cuobjdump, hopper_instructions,
-                                   serialized_wgmma_functions, sm90a_sass)
+    from kernelpress.check import count_hopper_instructions, find_cuobjdump, serialized_wgmma_functions, sm90a_sass
     from kernelpress.toolchain import find_nvcc
 
     cuobjdump = find_cuobjdump()
@@ -260,7 +259,9 @@ def test_hopper_instruction_check_tells_wgmma_code_from_plain_code(tmp_path):
     obj = tmp_path / "plain.o"
     subprocess.run([str(find_nvcc()), "-gencode=arch=compute_90a,code=sm_90a", "-c", str(source), "-o", str(obj)],
                    check=True)
-    assert hopper_instructions(obj, cuobjdump) == {"HGMMA": 0, "UTMALDG": 0}
+    plain, error = sm90a_sass(obj, cuobjdump)
+    assert error is None, error
+    assert count_hopper_instructions(plain) == {"HGMMA": 0, "UTMALDG": 0}
     built = sorted((Path(__file__).resolve().parent.parent / "build").glob("torch-*/*.so"))
     if built:
         sass, error = sm90a_sass(built[0], cuobjdump)
