@@ -40,8 +40,7 @@ struct MatmulProblem {
   float* partials = nullptr;
   uint32_t* partial_flags = nullptr;
   // `wgmma_persistent` only: 1 (no clusters), 2 (CTA pairs share B by TMA
-  // multicast), 4 (2 x 2 blocks of CTAs share A and B), or 0 (the default:
-  // the launch picks, wgmma_cluster_size_for).
+  // multicast), or 0 (the default: the launch picks, wgmma_cluster_size_for).
   int32_t cluster_size = 0;
 };
 

@@ -25,30 +25,28 @@ static_assert(WideTile::BM == kWgmmaTileRows && NarrowTile::BM == kWgmmaTileRows
 inline int64_t round_up(int64_t x, int64_t to) { return ceil_div(x, to) * to; }
 
 // Tensor maps of A (M x K, K contiguous) and B (K- or N-contiguous) for a
-// tile shape and cluster size (the CTAs of a cluster's row load an A slice
-// in as many boxes, those of its column a K-major B slice: ClusterShape).
-// A size-1 dim's stride is never used to address, so it is replaced by one
-// TMA accepts.
+// tile shape and cluster size (a K-major B slice is loaded in `cluster`
+// boxes). A size-1 dim's stride is never used to address, so it is replaced
+// by one TMA accepts.
 template <typename Shape>
 bool make_tensor_maps(const MatmulProblem& p, bool b_kmajor, int cluster, CUtensorMap* map_a, CUtensorMap* map_b) {
   const int32_t bf16 = p.dtype == ElementType::kBFloat16;
-  const int cluster_cols = cluster / cluster_rows(cluster);
   TensorMapKey a{};
   a.base = p.a;
   a.rows = uint64_t(p.m);
   a.cols = uint64_t(p.k);
   a.row_stride_bytes = uint64_t(p.m == 1 ? round_up(p.k, 8) : p.a_stride_m) * 2;
-  a.box_rows = Shape::BM / cluster_cols;
+  a.box_rows = Shape::BM;
   a.box_cols = Shape::BK;
   a.bf16 = bf16;
   TensorMapKey b{};
   b.base = p.b;
   b.bf16 = bf16;
-  if (b_kmajor) {  // N rows of K: loaded as (BN / cluster rows) x 64 boxes
+  if (b_kmajor) {  // N rows of K: loaded as (BN / cluster) x 64 boxes
     b.rows = uint64_t(p.n);
     b.cols = uint64_t(p.k);
     b.row_stride_bytes = uint64_t(p.n == 1 ? round_up(p.k, 8) : p.b_stride_n) * 2;
-    b.box_rows = Shape::BN / cluster_rows(cluster);
+    b.box_rows = Shape::BN / cluster;
     b.box_cols = Shape::BK;
   } else {  // K rows of N: loaded as 64 x 64 boxes
     b.rows = uint64_t(p.k);

@@ -16,12 +16,10 @@
 // loads half and multicasts it to both, halving B's L2 reads. On the H200
 // that is 1.00-1.04x the speed of single CTAs at the large benchmark shapes
 // (1.07-1.11x at 3000^3; sustained, a 2-3% higher SM clock at the power
-// limit), 2026-11-30. cluster_size 4 runs 2 x 2 blocks of tiles that share
-// A along rows as well as B along columns (hopper::ClusterShape). Clusters
-// walk the grouped (or Hilbert) order of their blocks of tiles; the dynamic
-// order is the single CTAs'. The split-tail order (single CTAs dynamic,
-// pairs static; blocks of four run it as grouped) splits the tiles of the
-// last, ragged round in K (hopper::SplitTailUnits; tile_scheduler.cuh).
+// limit), 2026-11-30. Pairs walk the grouped (or Hilbert) order of tile
+// pairs; the dynamic order is the single CTAs'. The split-tail order (single
+// CTAs dynamic, pairs static) splits the tiles of the last, ragged round in K
+// (hopper::SplitTailUnits; tile_scheduler.cuh).
 #include "wgmma_launch.cuh"
 
 namespace persistent_matmul {
@@ -37,19 +35,18 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(Shape::THREADS
   const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
   const auto order = static_cast<tc::TileOrder>(p.tile_order);
   if constexpr (SPLIT) {
-    static_assert(CLUSTER <= 2, "the split-tail order runs in single CTAs or pairs");
     const int k_blocks = int(ceil_div(p.k, Shape::BK));
     hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
         &map_a, &map_b, &map_out, store_by_tma, p, [&](int rank, const hopper::TileQueue& queue, auto is_producer) {
           return hopper::SplitTailUnits<CLUSTER, decltype(is_producer)::value>(tiles_m, tiles_n, k_blocks, rank,
                                                                                p.tile_counter, queue);
         });
-  } else if constexpr (CLUSTER > 1) {
-    // Clusters walk a static order: the dynamic one (single CTAs only) becomes grouped.
-    const auto cluster_order = order == tc::TileOrder::kDynamic ? tc::TileOrder::kGrouped : order;
+  } else if constexpr (CLUSTER == 2) {
+    // Pairs walk a static order: the dynamic one (single CTAs only) becomes grouped.
+    const auto pair_order = order == tc::TileOrder::kDynamic ? tc::TileOrder::kGrouped : order;
     hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
         &map_a, &map_b, &map_out, store_by_tma, p, [&](int rank, const hopper::TileQueue&, auto) {
-          return hopper::ClusterTiles<CLUSTER>(tiles_m, tiles_n, cluster_order, rank);
+          return hopper::TilePairsPerCluster(tiles_m, tiles_n, pair_order, rank);
         });
   } else {
     hopper::run_cta<T, Shape, CLUSTER, B_KMAJOR, TIMELINE>(
@@ -63,12 +60,10 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(Shape::THREADS
 // CTAs that fill the device once: the clusters that can be resident at the
 // same time (SM count, shared memory and the GPCs' layout decide; asked of
 // the runtime once per kernel and device, as the query costs microseconds of
-// host time per call), capped at the number of the clusters' blocks of
-// tiles (hopper::ClusterShape), times the cluster size.
+// host time per call), capped at the number of tile pairs, times the cluster size.
 template <int CLUSTER, auto kKernel>
 int64_t persistent_grid(int threads, int smem_bytes, int device, int64_t tiles_m, int64_t tiles_n) {
-  using Cluster = hopper::ClusterShape<CLUSTER>;
-  const int64_t blocks = ceil_div(tiles_m, Cluster::ROWS) * ceil_div(tiles_n, Cluster::COLS);
+  const int64_t pairs = ceil_div(tiles_m, CLUSTER) * tiles_n;
   static int cached[128] = {};
   const bool cacheable = device >= 0 && device < 128;
   int clusters = cacheable ? cached[device] : 0;
@@ -84,7 +79,7 @@ int64_t persistent_grid(int threads, int smem_bytes, int device, int64_t tiles_m
       cached[device] = clusters;
     }
   }
-  return CLUSTER * min_i64(blocks, clusters);
+  return CLUSTER * min_i64(pairs, clusters);
 }
 
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE, bool SPLIT>
@@ -125,9 +120,8 @@ cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device
                                                           ceil_div(problem.m, Shape::BM), ceil_div(problem.n, Shape::BN));
     MatmulProblem p = problem;
     if (p.tile_order == int32_t(tc::TileOrder::kSplitTail)) {
-      // The instrumented build records whole tiles: it runs the fallback order too,
-      // and so do blocks of four.
-      if constexpr (!TIMELINE && CLUSTER <= 2) {
+      // The instrumented build records whole tiles: it runs the fallback order too.
+      if constexpr (!TIMELINE) {
         if (splits_tail<CLUSTER, Shape>(p, device, ctas)) {
           return launch_kernel<T, Shape, CLUSTER, kKMajor, false, true>(p, stream, device, maps, ctas);
         }
@@ -145,9 +139,6 @@ cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t s
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
   const int cluster = problem.cluster_size == 0 ? wgmma_cluster_size_for(problem.m) : problem.cluster_size;
-  if (cluster == 4) {
-    return problem.timeline ? launch<4, true>(problem, stream, device) : launch<4, false>(problem, stream, device);
-  }
   if (cluster == 2) {
     return problem.timeline ? launch<2, true>(problem, stream, device) : launch<2, false>(problem, stream, device);
   }

@@ -20,10 +20,8 @@
 // With CLUSTER = 2 (an option of `wgmma_persistent`), the two CTAs of a thread block
 // cluster compute vertically adjacent tiles, which need the same slice of B:
 // each CTA loads half of it and the copy engine multicasts that half into
-// both CTAs' shared memory, so B's L2 traffic halves. With CLUSTER = 4 the
-// CTAs compute a 2 x 2 block of tiles and share A along its rows too
-// (ClusterShape). A stage is then free only when the consumers of every CTA
-// that writes into it are done with it.
+// both CTAs' shared memory, so B's L2 traffic halves. A stage is then free
+// only when the consumers of both CTAs are done with it.
 //
 // The stream of tiles is the only difference between the two rungs: one
 // tile per CTA (`wgmma`), or the persistent tile scheduler (`wgmma_persistent`:
@@ -137,32 +135,6 @@ struct RingPosition {
   }
 };
 
-// A cluster's CTAs on the output: ROWS x COLS adjacent tiles, CTA `rank`
-// at row rank % ROWS, column rank / ROWS of the block. The CTAs of one
-// column need the same slice of B, those of one row the same slice of A:
-// each loads its share and multicasts it to the CTAs that share the slice.
-// CLUSTER 1: one tile; 2: a pair of vertically adjacent tiles (sharing B);
-// 4: a 2 x 2 block (each CTA loads half of its A and half of its B slice).
-__host__ __device__ constexpr int cluster_rows(int cluster) { return cluster == 1 ? 1 : 2; }
-template <int CLUSTER>
-struct ClusterShape {
-  static_assert(CLUSTER == 1 || CLUSTER == 2 || CLUSTER == 4, "clusters of one, two or four CTAs");
-  static constexpr int ROWS = cluster_rows(CLUSTER), COLS = CLUSTER / ROWS;
-  int row, col;
-  __device__ explicit ClusterShape(int rank) : row(rank % ROWS), col(rank / ROWS) {}
-  // The CTAs that receive this CTA's share of A (its row), of B (its column).
-  __device__ uint16_t a_sharers() const {
-    uint16_t mask = 0;
-#pragma unroll
-    for (int c = 0; c < COLS; ++c) mask |= uint16_t(1u << (row + ROWS * c));
-    return mask;
-  }
-  __device__ uint16_t b_sharers() const { return uint16_t(((1u << ROWS) - 1) << (ROWS * col)); }
-  // The CTAs whose producers write into this CTA's stages (its row and column, itself included):
-  // a stage is free once their consumers, and its own, are done with it.
-  static constexpr int WRITERS = ROWS + COLS - 1;
-};
-
 // The tile stream of `wgmma`: tile blockIdx.x of the grouped order, once.
 class OneTilePerCta {
  public:
@@ -179,31 +151,26 @@ class OneTilePerCta {
   bool done_ = false;
 };
 
-// The tile stream of `wgmma_persistent` in clusters: the scheduler walks
-// blocks of ROWS x COLS tiles (ClusterShape), one block per cluster at a
-// time, and CTA `rank` takes its tile of the block. Where the tile rows or
-// columns do not fill the last blocks, a CTA's tile may lie below or right of
-// the output: that CTA still loads and multicasts its shares for its
-// partners, skips the slices only it and its like would use, and its
+// The tile stream of `wgmma_persistent`: the scheduler walks pairs of
+// vertically adjacent tiles, one pair per cluster at a time, and CTA `rank`
+// of the cluster takes tile row 2 * pair + rank. With an odd number of tile
+// rows the last pair's second tile lies below the output: that CTA still
+// loads and multicasts its half of B for its partner, skips A, and its
 // consumers only pass the stages through (mma_width 0: no wgmma, no store).
-template <int CLUSTER>
-class ClusterTiles {
+class TilePairsPerCluster {
  public:
-  __device__ ClusterTiles(int tiles_m, int tiles_n, tc::TileOrder order, int rank)
-      : blocks_((tiles_m + Cluster::ROWS - 1) / Cluster::ROWS, (tiles_n + Cluster::COLS - 1) / Cluster::COLS, order,
-                blockIdx.x / CLUSTER, gridDim.x / CLUSTER),
-        place_(rank) {}
+  __device__ TilePairsPerCluster(int tiles_m, int tiles_n, tc::TileOrder order, int rank)
+      : pairs_((tiles_m + 1) / 2, tiles_n, order, blockIdx.x / 2, gridDim.x / 2), rank_(rank) {}
   __device__ bool next(tc::TileCoord& tile) {
-    tc::TileCoord block;
-    if (!blocks_.next(block)) return false;
-    tile = {Cluster::ROWS * block.m + place_.row, Cluster::COLS * block.n + place_.col};
+    tc::TileCoord pair;
+    if (!pairs_.next(pair)) return false;
+    tile = {2 * pair.m + rank_, pair.n};
     return true;
   }
 
  private:
-  using Cluster = ClusterShape<CLUSTER>;
-  tc::TileScheduler blocks_;
-  Cluster place_;
+  tc::TileScheduler pairs_;
+  int rank_;
 };
 
 // One side of the tile queue in the dynamic orders: the producer thread
@@ -272,7 +239,7 @@ class PersistentTiles {
 // (tc::SplitTail): whole tiles, then the parts of the split tiles. Single
 // CTAs walk its indices as in the dynamic order (the producer claims them and
 // queues them for the consumers); pairs of CTAs (CLUSTER = 2) walk them
-// statically over tile pairs as ClusterTiles<2>, both CTAs of a pair the
+// statically over tile pairs as TilePairsPerCluster, both CTAs of a pair the
 // same units, CTA `rank` the pair's tile row 2 * pair + rank, and the partial
 // sums go between CTAs of the same rank.
 template <int CLUSTER, bool PRODUCER>
@@ -334,53 +301,42 @@ __device__ __forceinline__ UnitRole role_of(const SplitTailUnits<CLUSTER, PRODUC
 }
 
 // Producer: loads every k-block of every tile of the stream (of a split-tail
-// unit: its k-blocks) into the ring. In a cluster (ClusterShape) each CTA
-// loads its share of the A and B slices and multicasts it to the CTAs that
-// share the slice.
+// unit: its k-blocks) into the ring.
+// In a cluster of two, CTA `rank` loads half of each B slice and multicasts it.
 template <typename Shape, int CLUSTER, bool B_KMAJOR, typename Tiles>
 __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, const SharedStages<Shape>& smem,
-                        Tiles tiles, int64_t m, int64_t n, int k_blocks, int rank) {
-  using Cluster = ClusterShape<CLUSTER>;
-  const Cluster place(rank);
-  // A: COLS boxes of BM / COLS rows, one per CTA of the row.
-  constexpr int A_BOX_BYTES = Shape::A_STAGE_BYTES / Cluster::COLS;
-  // K-major B: BN rows of 64 K, loaded as ROWS boxes of BN / ROWS rows.
-  // N-major B: BN / 64 boxes of 64 K rows x 64 N. Each CTA of the column loads its share.
-  constexpr int B_BOXES = B_KMAJOR ? Cluster::ROWS : Shape::BN / 64;
+                        Tiles tiles, int64_t m, int k_blocks, int rank) {
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two CTAs");
+  // K-major B: BN rows of 64 K, loaded as CLUSTER boxes of BN / CLUSTER rows.
+  // N-major B: BN / 64 boxes of 64 K rows x 64 N. Each CTA loads its share.
+  constexpr int B_BOXES = B_KMAJOR ? CLUSTER : Shape::BN / 64;
   constexpr int B_BOX_BYTES = Shape::B_STAGE_BYTES / B_BOXES;
-  constexpr int BOXES_PER_CTA = B_BOXES / Cluster::ROWS;
-  const uint16_t a_sharers = place.a_sharers(), b_sharers = place.b_sharers();
+  constexpr int BOXES_PER_CTA = B_BOXES / CLUSTER;
+  constexpr uint16_t kAllCtas = (1u << CLUSTER) - 1;
   RingPosition<Shape::STAGES> ring;
   tc::TileCoord tile;
   while (tiles.next(tile)) {
-    // A tile below (right of) the output needs no A (B): its rows (columns)
-    // are never stored, nor those of the CTAs that share the slice with it.
-    const bool loads_a = int64_t(tile.m) * Shape::BM < m, loads_b = int64_t(tile.n) * Shape::BN < n;
+    // A tile below the output (the second of a cluster's last pair) needs no
+    // A: its rows are never stored. Its CTA still sends B to the partner.
+    const bool loads_a = int64_t(tile.m) * Shape::BM < m;
     const KRange range = k_range_of(tiles, k_blocks);
     for (int kb = range.begin; kb < range.end; ++kb) {
       mbarrier_wait(&smem.empty[ring.stage], ring.phase ^ 1);  // a fresh barrier passes parity 1
       uint64_t* full = &smem.full[ring.stage];
       char* a = smem.stages + ring.stage * Shape::STAGE_BYTES;
       char* b = a + Shape::A_STAGE_BYTES;
-      // All of A and B that this CTA uses, whoever sends it.
-      mbarrier_arrive_expect_tx(full, (loads_a ? Shape::A_STAGE_BYTES : 0) + (loads_b ? Shape::B_STAGE_BYTES : 0));
-      if (loads_a) {
-        const int row = tile.m * Shape::BM + place.col * (Shape::BM / Cluster::COLS);
-        if constexpr (Cluster::COLS == 1) {
-          tma_load_2d(a, map_a, full, kb * Shape::BK, row);
-        } else {
-          tma_load_2d_multicast(a + place.col * A_BOX_BYTES, map_a, full, kb * Shape::BK, row, a_sharers);
-        }
-      }
+      // A (if needed) and all of B, whoever sends it.
+      mbarrier_arrive_expect_tx(full, loads_a ? Shape::STAGE_BYTES : Shape::B_STAGE_BYTES);
+      if (loads_a) tma_load_2d(a, map_a, full, kb * Shape::BK, tile.m * Shape::BM);
 #pragma unroll
-      for (int i = 0; i < BOXES_PER_CTA && loads_b; ++i) {
-        const int box = place.row * BOXES_PER_CTA + i;
+      for (int i = 0; i < BOXES_PER_CTA; ++i) {
+        const int box = rank * BOXES_PER_CTA + i;
         const int inner = B_KMAJOR ? kb * Shape::BK : tile.n * Shape::BN + box * 64;
-        const int outer = B_KMAJOR ? tile.n * Shape::BN + box * (Shape::BN / Cluster::ROWS) : kb * Shape::BK;
-        if constexpr (Cluster::ROWS == 1) {
+        const int outer = B_KMAJOR ? tile.n * Shape::BN + box * (Shape::BN / CLUSTER) : kb * Shape::BK;
+        if constexpr (CLUSTER == 1) {
           tma_load_2d(b + box * B_BOX_BYTES, map_b, full, inner, outer);
         } else {
-          tma_load_2d_multicast(b + box * B_BOX_BYTES, map_b, full, inner, outer, b_sharers);
+          tma_load_2d_multicast(b + box * B_BOX_BYTES, map_b, full, inner, outer, kAllCtas);
         }
       }
       ring.advance();
@@ -388,33 +344,27 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
   }
 }
 
-// Tells the producers that write into this CTA's stages (ClusterShape::WRITERS:
-// this CTA's, and in a cluster those of its column and row) that this
-// consumer warpgroup is done with `stage` (one thread per warpgroup signals).
+// Tells the producers of every CTA of the cluster that this consumer
+// warpgroup is done with `stage` (one thread per warpgroup signals).
 template <int CLUSTER>
-__device__ __forceinline__ void release_stage(uint64_t* empty, int rank) {
+__device__ __forceinline__ void release_stage(uint64_t* empty) {
   if constexpr (CLUSTER == 1) {
     mbarrier_arrive(empty);
-  } else if constexpr (ClusterShape<CLUSTER>::COLS == 1) {
+  } else {
 #pragma unroll
     for (int cta = 0; cta < CLUSTER; ++cta) mbarrier_arrive_in_cta(empty, cta);
-  } else {  // 2 x 2: itself, its column partner (rank ^ 1, sends B) and its row partner (rank ^ 2, sends A)
-    mbarrier_arrive_in_cta(empty, rank);
-    mbarrier_arrive_in_cta(empty, rank ^ 1);
-    mbarrier_arrive_in_cta(empty, rank ^ 2);
   }
 }
 
 // The wgmma width one consumer warpgroup needs for a tile: 0 if its 64
-// rows all lie below the output or the tile right of it (a CTA of a cluster
-// past the last tile column; it computes nothing), else the narrowest of
+// rows all lie below the output (it computes nothing), else the narrowest of
 // 64, 128, BN columns that covers the tile's columns inside the output. An
 // edge tile with a few rows or columns in the output (4097^3: one of each)
 // then costs a fraction of a full tile, not a whole one.
 template <typename Shape>
 __device__ __forceinline__ int mma_width(const MatmulProblem& p, tc::TileCoord tile, int consumer) {
+  if (int64_t(tile.m) * Shape::BM + consumer * 64 >= p.m) return 0;
   const int64_t cols = p.n - int64_t(tile.n) * Shape::BN;
-  if (int64_t(tile.m) * Shape::BM + consumer * 64 >= p.m || cols <= 0) return 0;
   return cols <= 64 ? 64 : cols <= 128 ? 128 : Shape::BN;
 }
 
@@ -423,7 +373,7 @@ __device__ __forceinline__ int mma_width(const MatmulProblem& p, tc::TileCoord t
 // are zero. WIDTH = 0 only waits for each stage and releases it.
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int WIDTH>
 __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, RingPosition<Shape::STAGES>& ring,
-                                             int k_blocks, int consumer, int rank, float (&d)[Shape::ACCUMULATORS]) {
+                                             int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS]) {
   constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
   static_assert(WIDTH == 0 || WIDTH == 64 || WIDTH == 128 || WIDTH == 256, "wgmma widths 64, 128 or 256");
 #pragma unroll
@@ -449,7 +399,7 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
       wgmma_commit();
     }
     wgmma_wait<0>();  // this k-block's wgmmas are done: free the stage now
-    if (signals) release_stage<CLUSTER>(&smem.empty[ring.stage], rank);
+    if (signals) release_stage<CLUSTER>(&smem.empty[ring.stage]);
     ring.advance();
   }
 }
@@ -457,16 +407,16 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
 // consume_tile at the width the tile needs (mma_width).
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR>
 __device__ __forceinline__ void consume_tile_at(int width, const SharedStages<Shape>& smem,
-                                                RingPosition<Shape::STAGES>& ring, int k_blocks, int consumer, int rank,
+                                                RingPosition<Shape::STAGES>& ring, int k_blocks, int consumer,
                                                 float (&d)[Shape::ACCUMULATORS]) {
   if (width == Shape::BN) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::BN>(smem, ring, k_blocks, consumer, rank, d);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::BN>(smem, ring, k_blocks, consumer, d);
   } else if (width == 0) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0>(smem, ring, k_blocks, consumer, rank, d);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0>(smem, ring, k_blocks, consumer, d);
   } else if (width == 64) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64>(smem, ring, k_blocks, consumer, rank, d);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64>(smem, ring, k_blocks, consumer, d);
   } else if constexpr (Shape::BN > 128) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, rank, d);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, d);
   }
 }
 
@@ -704,7 +654,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
   if (threadIdx.x == 0) {
     for (int s = 0; s < Shape::STAGES; ++s) {
       mbarrier_init(&smem.full[s], 1);
-      mbarrier_init(&smem.empty[s], Shape::CONSUMERS * ClusterShape<CLUSTER>::WRITERS);
+      mbarrier_init(&smem.empty[s], Shape::CONSUMERS * CLUSTER);
     }
     for (int s = 0; s < TILE_QUEUE_SLOTS; ++s) {
       mbarrier_init(&smem.queue.full[s], 1);
@@ -723,7 +673,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
   if (warpgroup == 0) {
     release_registers<Shape::PRODUCER_REGS>();
     if (threadIdx.x == 0) {
-      produce<Shape, CLUSTER, B_KMAJOR>(map_a, map_b, smem, make_tiles(rank, smem.queue, std::true_type{}), p.m, p.n,
+      produce<Shape, CLUSTER, B_KMAJOR>(map_a, map_b, smem, make_tiles(rank, smem.queue, std::true_type{}), p.m,
                                         k_blocks, rank);
     }
   } else {
@@ -738,8 +688,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       float d[Shape::ACCUMULATORS];
       const int width = mma_width<Shape>(p, tile, consumer);
       const KRange range = k_range_of(tiles, k_blocks);
-      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, rank,
-                                                    d);
+      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, d);
       const UnitRole role = role_of(tiles);
       if (width > 0 && role.part >= 0 && role.part < role.parts - 1) {
         hand_over_partial<Shape>(p, role, consumer, d);  // a part of a tile another unit stores
@@ -757,7 +706,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       }
       if constexpr (TIMELINE) {
         named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have stored the tile
-        if (threadIdx.x == 128 && tile.m < tiles_m && tile.n < tiles_n) {  // a tile of the output
+        if (threadIdx.x == 128 && tile.m < tiles_m) {  // not a tile below the output
           static_cast<tc::TileRecord*>(p.timeline)[int64_t(tile.m) * tiles_n + tile.n] = {
               tile.m, tile.n, tc::sm_id(), blockIdx.x, start, tc::global_timer_ns()};
         }

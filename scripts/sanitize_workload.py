@@ -2,8 +2,7 @@
 takes, shapes with tails in M, N and K, shapes of whole tiles (the tensor-core
 rungs' unchecked copies, TMA stores) and transposed operands; the persistent
 rungs also in their static tile orders and in the split-tail order on a shape
-whose tiles it splits (partial sums handed between CTAs), wgmma_persistent in
-clusters of two and four CTAs.
+whose tiles it splits (partial sums handed between CTAs).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python scripts/sanitize_workload.py [RUNG ...]
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python scripts/sanitize_workload.py [RUNG ...]
@@ -60,15 +59,6 @@ def main() -> int:
                 if not matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]:
                     failures += 1
                     print(f"WRONG {name} {order} order {m}x{n}x{k}")
-        if name == "wgmma_persistent":  # clusters forced: pairs and 2 x 2 blocks, edge blocks included
-            for (m, n, k), cluster_size in [(shape, c) for shape in SHAPES[2:] for c in (2, 4)]:
-                a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
-                out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
-                pm._matmul._run(a, b, None, out, name, cluster_size=cluster_size)
-                runs += 1
-                if not matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]:
-                    failures += 1
-                    print(f"WRONG {name} cluster_size {cluster_size} {m}x{n}x{k}")
         if pm._rungs.RUNGS[name].has_timeline:  # the instrumented build too
             a, b = random_operands(129, 65, 70, torch.bfloat16, "cuda")
             pm.matmul_timeline(a, b, kernel=name)

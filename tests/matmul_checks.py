@@ -237,7 +237,7 @@ TILE_ORDER_VARIANTS = ("grouped", "hilbert", "dynamic")
 # "wgmma_persistent-cluster1": single CTAs (the default runs CTA pairs sharing B
 # by multicast wherever the output has more than one row of tiles).
 CLUSTER_VARIANT = "cluster1"
-CLUSTER_SIZES = {"cluster1": 1, "cluster2": 2, "cluster4": 4}
+CLUSTER_SIZES = {"cluster1": 1, "cluster2": 2}
 
 
 def check_graph_replays(run, m: int, n: int, k: int, what: str, replays: int = 3) -> None:
@@ -271,8 +271,7 @@ def run_variant(pm, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     """a @ b into out through a rung ("persistent") or a variant of one, as the
     benchmark and profile scripts name them: "<rung>-<tile order>" (any of the
     package's TILE_ORDERS, for a persistent rung) or "wgmma_persistent-cluster1" /
-    "wgmma_persistent-cluster2" / "wgmma_persistent-cluster4" (single CTAs / CTA pairs /
-    2 x 2 blocks of CTAs, whatever the kernel would pick)."""
+    "wgmma_persistent-cluster2" (single CTAs / CTA pairs, whatever the kernel would pick)."""
     rung, _, variant = name.partition("-")
     if not variant:
         return pm.matmul(a, b, kernel=rung, out=out)

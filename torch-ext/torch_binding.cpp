@@ -268,9 +268,9 @@ void wgmma_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bia
 
 void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                          const std::optional<Tensor>& timeline, int64_t tile_order, int64_t cluster_size) {
-  STD_TORCH_CHECK(cluster_size == 0 || cluster_size == 1 || cluster_size == 2 || cluster_size == 4,
-                  "persistent_matmul: cluster_size must be 0 (the kernel picks), 1, 2 or 4, got ", cluster_size);
-  STD_TORCH_CHECK(cluster_size < 2 || tile_order != 2,
+  STD_TORCH_CHECK(cluster_size >= 0 && cluster_size <= 2,
+                  "persistent_matmul: cluster_size must be 0 (the kernel picks), 1 or 2, got ", cluster_size);
+  STD_TORCH_CHECK(cluster_size != 2 || tile_order != 2,
                   "persistent_matmul: the dynamic tile order runs without clusters (cluster_size=1, or 0 to let "
                   "the kernel pick)");
   MatmulProblem problem = describe(a, b, bias, out);
@@ -278,9 +278,9 @@ void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<T
   prepare_tensor_core(problem, a, timeline, persistent_matmul::wgmma_tile_config);
   problem.cluster_size =
       cluster_size == 0 ? persistent_matmul::wgmma_cluster_size_for(problem.m) : static_cast<int32_t>(cluster_size);
-  // Clusters walk a static order: where the kernel picks them, the dynamic order
+  // Pairs walk a static order: where the kernel picks them, the dynamic order
   // runs as grouped, and no counter is looked up.
-  if (problem.cluster_size > 1 && tile_order == 2) tile_order = 0;
+  if (problem.cluster_size == 2 && tile_order == 2) tile_order = 0;
   tile_order = order_worth_running(tile_order, problem, a.get_device_index(), persistent_matmul::wgmma_tile_config);
   const auto counter = set_tile_order(problem, a, tile_order);
   launch_on_stream(persistent_matmul::launch_wgmma_persistent, problem, a.get_device_index());

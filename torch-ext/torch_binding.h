@@ -27,8 +27,7 @@ void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>
 // Hopper only (sm_90a): TMA + wgmma, one CTA per tile / persistent.
 void wgmma_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
               const std::optional<Tensor>& timeline);
-// cluster_size: 0 (the kernel picks), 1, 2 for CTA pairs sharing B by TMA multicast,
-// or 4 for 2 x 2 blocks of CTAs sharing A and B.
+// cluster_size: 1 (default), or 2 for CTA pairs sharing B by TMA multicast.
 void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                          const std::optional<Tensor>& timeline, int64_t tile_order, int64_t cluster_size);
 

@@ -123,12 +123,11 @@ def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch
     ``names`` are the caller's names for a and b, used in error messages.
     ``cluster_size`` is wgmma_persistent's, for benchmarks and tests: None
     (the kernel picks: CTA pairs wherever the output has more than one row of
-    tiles), 1 (no clusters), 2 (CTA pairs share B by TMA multicast) or 4
-    (2 x 2 blocks of CTAs share A and B); other rungs ignore it.
-    ``tile_order`` None is DEFAULT_TILE_ORDER; clusters walk a static order,
-    so where the kernel picks pairs, the dynamic order runs as grouped and the
-    split-tail order splits a static one (blocks of four run it as grouped;
-    forcing cluster_size 2 or 4 with the dynamic order is an error).
+    tiles), 1 (no clusters) or 2 (CTA pairs share B by TMA multicast); other
+    rungs ignore it. ``tile_order`` None is DEFAULT_TILE_ORDER; pairs of CTAs
+    walk a static order, so where the kernel picks pairs, the dynamic order
+    runs as grouped and the split-tail order splits a static one (forcing
+    cluster_size 2 with the dynamic order is an error).
     """
     _check_kernel_name(kernel)
     m, n = a.shape[0], b.shape[1]
