@@ -41,12 +41,8 @@ struct TileCoord {
 // others none (3x slower at 128x4096x4096).
 enum class TileOrder : int32_t { kGrouped = 0, kHilbert = 1, kDynamic = 2, kSplitTail = 3 };
 
-// PM_GROUP_M: an experiment's compile-time override of the group height.
-#ifndef PM_GROUP_M
-#define PM_GROUP_M 8
-#endif
 __host__ __device__ __forceinline__ TileCoord grouped_tile(int t, int tiles_m, int tiles_n) {
-  constexpr int GROUP_M = PM_GROUP_M;
+  constexpr int GROUP_M = 8;
   const int tiles_per_group = GROUP_M * tiles_n;
   const int first_m = (t / tiles_per_group) * GROUP_M;
   const int group_rows = min(GROUP_M, tiles_m - first_m);
