@@ -77,10 +77,19 @@ EOF
 }
 
 gpu_tests() {
+  # The integration models' tests need transformers and diffusers (fetch_device_wheels.sh
+  # fetches their wheels); where .whl/ holds only what loads the build, that module is left
+  # out, and the log says so, rather than failing the step on its import.
+  local leave_out=()
+  if ! "$PY" -c "import diffusers, transformers" 2>/dev/null; then
+    echo "transformers / diffusers not installed: tests/test_integration_models.py left out" \
+      "(carry the wheels of scripts/fetch_device_wheels.sh to run it)" | tee -a "$OUT/device.log"
+    leave_out=(--ignore=tests/test_integration_models.py)
+  fi
   # --continue-on-collection-errors: a CPU-only test module that cannot be imported here
   # (say, for a package the device lacks) is reported, but the GPU tests still run.
   timeout -k 5 420 "$PY" -m pytest -m gpu tests -q -ra -p no:cacheprovider --continue-on-collection-errors \
-    2>&1 | tee -a "$OUT/device.log"
+    "${leave_out[@]}" 2>&1 | tee -a "$OUT/device.log"
 }
 
 sweep() {
