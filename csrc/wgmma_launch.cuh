@@ -46,7 +46,7 @@ bool make_tensor_maps(const MatmulProblem& p, bool b_kmajor, int cluster, CUtens
     b.rows = uint64_t(p.n);
     b.cols = uint64_t(p.k);
     b.row_stride_bytes = uint64_t(p.n == 1 ? round_up(p.k, 8) : p.b_stride_n) * 2;
-    b.box_rows = Shape::BN / kmajor_b_boxes(Shape::BN, cluster);
+    b.box_rows = Shape::BN / cluster;
     b.box_cols = Shape::BK;
   } else {  // K rows of N: loaded as 64 x 64 boxes
     b.rows = uint64_t(p.k);
@@ -101,16 +101,7 @@ cudaError_t dispatch(const MatmulProblem& p, int device, int cluster, Launch&& l
     maps.store_by_tma = tma_can_store(p) && make_output_map(p, &maps.out);
     return kmajor ? launch(type, shape, std::true_type{}, maps) : launch(type, shape, std::false_type{}, maps);
   };
-#if PM_WGMMA_TILE_320
-  // Experiment: 128 x 320 tiles up to K = PM_WGMMA_TILE_320, where they fill the GPU.
-  const bool wider = p.k <= PM_WGMMA_TILE_320 && ceil_div(p.m, WiderTile::BM) * ceil_div(p.n, WiderTile::BN) >=
-                                                     tc::sm_count(device);
-  auto by_shape = [&](auto type) {
-    return wider ? by_layout(type, WiderTile{}) : wide ? by_layout(type, WideTile{}) : by_layout(type, NarrowTile{});
-  };
-#else
   auto by_shape = [&](auto type) { return wide ? by_layout(type, WideTile{}) : by_layout(type, NarrowTile{}); };
-#endif
   return p.dtype == ElementType::kBFloat16 ? by_shape(tc::TypeTag<__nv_bfloat16>{})
                                            : by_shape(tc::TypeTag<__half>{});
 }

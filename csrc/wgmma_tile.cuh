@@ -80,12 +80,6 @@ struct WgmmaShape {
 };
 using WideTile = WgmmaShape<256>;
 using NarrowTile = WgmmaShape<128>;
-// Experiment (PM_WGMMA_TILE_320): cuBLAS's tile at K = 1024, 128 x 320 in 3 stages of 56 KB.
-using WiderTile = WgmmaShape<320>;
-
-// Boxes of a K-major B slice: one per CTA of the cluster, and at least two
-// where BN is over TMA's 256-row box limit.
-__host__ __device__ constexpr int kmajor_b_boxes(int bn, int cluster) { return bn > 256 && cluster < 2 ? 2 : cluster; }
 
 // The tile queue in shared memory: per slot a tile index and two barriers,
 // `full` (the producer thread has written the slot) and `empty` (every
@@ -315,9 +309,9 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
   static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two CTAs");
   // K-major B: BN rows of 64 K, loaded as CLUSTER boxes of BN / CLUSTER rows.
   // N-major B: BN / 64 boxes of 64 K rows x 64 N. Each CTA loads its share.
-  constexpr int B_BOXES = B_KMAJOR ? kmajor_b_boxes(Shape::BN, CLUSTER) : Shape::BN / 64;
+  constexpr int B_BOXES = B_KMAJOR ? CLUSTER : Shape::BN / 64;
   constexpr int B_BOX_BYTES = Shape::B_STAGE_BYTES / B_BOXES;
-  constexpr int BOXES_PER_CTA = (B_BOXES + CLUSTER - 1) / CLUSTER;
+  constexpr int BOXES_PER_CTA = B_BOXES / CLUSTER;
   constexpr uint16_t kAllCtas = (1u << CLUSTER) - 1;
   RingPosition<Shape::STAGES> ring;
   tc::TileCoord tile;
@@ -336,11 +330,9 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
       if (loads_a) tma_load_2d(a, map_a, full, kb * Shape::BK, tile.m * Shape::BM);
 #pragma unroll
       for (int i = 0; i < BOXES_PER_CTA; ++i) {
-        // Contiguous shares where the boxes divide evenly, else every CLUSTER-th box.
-        const int box = B_BOXES % CLUSTER == 0 ? rank * BOXES_PER_CTA + i : rank + i * CLUSTER;
-        if (B_BOXES % CLUSTER != 0 && box >= B_BOXES) break;
+        const int box = rank * BOXES_PER_CTA + i;
         const int inner = B_KMAJOR ? kb * Shape::BK : tile.n * Shape::BN + box * 64;
-        const int outer = B_KMAJOR ? tile.n * Shape::BN + box * (Shape::BN / B_BOXES) : kb * Shape::BK;
+        const int outer = B_KMAJOR ? tile.n * Shape::BN + box * (Shape::BN / CLUSTER) : kb * Shape::BK;
         if constexpr (CLUSTER == 1) {
           tma_load_2d(b + box * B_BOX_BYTES, map_b, full, inner, outer);
         } else {
@@ -373,7 +365,7 @@ template <typename Shape>
 __device__ __forceinline__ int mma_width(const MatmulProblem& p, tc::TileCoord tile, int consumer) {
   if (int64_t(tile.m) * Shape::BM + consumer * 64 >= p.m) return 0;
   const int64_t cols = p.n - int64_t(tile.n) * Shape::BN;
-  return cols <= 64 ? 64 : cols <= 128 ? 128 : cols <= 256 && Shape::BN > 256 ? 256 : Shape::BN;
+  return cols <= 64 ? 64 : cols <= 128 ? 128 : Shape::BN;
 }
 
 // One consumer warpgroup's k-loop over a tile: d = A[rows of this consumer] x
@@ -383,8 +375,7 @@ template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int WIDTH>
 __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, RingPosition<Shape::STAGES>& ring,
                                              int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS]) {
   constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
-  static_assert(WIDTH == 0 || WIDTH == 64 || WIDTH == 128 || WIDTH == 256 || WIDTH == 320,
-                "wgmma widths 64, 128, 256 or 320 (256 + 64)");
+  static_assert(WIDTH == 0 || WIDTH == 64 || WIDTH == 128 || WIDTH == 256, "wgmma widths 64, 128 or 256");
 #pragma unroll
   for (int i = WIDTH / 2; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
   const bool signals = threadIdx.x % 128 == 0;
@@ -402,17 +393,8 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
         const uint64_t desc_a = smem_descriptor(a + kk * 32, 16, 1024);
         const uint64_t desc_b = B_KMAJOR ? smem_descriptor(b + kk * 32, 16, 1024)
                                          : smem_descriptor(b + kk * 16 * 128, Shape::BK * 128, 1024);
-        constexpr int FIRST = WIDTH > 256 ? 256 : WIDTH;  // a 320-wide tile: 256 columns, then 64
-        Wgmma<FIRST, B_KMAJOR ? 0 : 1>::template run<kBF16>(reinterpret_cast<float(&)[FIRST / 2]>(d), desc_a,
+        Wgmma<WIDTH, B_KMAJOR ? 0 : 1>::template run<kBF16>(reinterpret_cast<float(&)[WIDTH / 2]>(d), desc_a,
                                                             desc_b, (kb > 0 || kk > 0) ? 1 : 0);
-        if constexpr (WIDTH > 256) {
-          // Columns 256..: K-major rows 256.. (128 bytes each); N-major the fifth 64-column block.
-          const uint64_t desc_b2 = B_KMAJOR ? smem_descriptor(b + 256 * 128 + kk * 32, 16, 1024)
-                                            : smem_descriptor(b + 4 * Shape::BK * 128 + kk * 16 * 128,
-                                                              Shape::BK * 128, 1024);
-          Wgmma<WIDTH - 256, B_KMAJOR ? 0 : 1>::template run<kBF16>(
-              reinterpret_cast<float(&)[(WIDTH - 256) / 2]>(d[128]), desc_a, desc_b2, (kb > 0 || kk > 0) ? 1 : 0);
-        }
       }
       wgmma_commit();
     }
@@ -433,12 +415,6 @@ __device__ __forceinline__ void consume_tile_at(int width, const SharedStages<Sh
     consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0>(smem, ring, k_blocks, consumer, d);
   } else if (width == 64) {
     consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64>(smem, ring, k_blocks, consumer, d);
-  } else if constexpr (Shape::BN > 256) {
-    if (width == 128) {
-      consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, d);
-    } else {
-      consume_tile<T, Shape, CLUSTER, B_KMAJOR, 256>(smem, ring, k_blocks, consumer, d);
-    }
   } else if constexpr (Shape::BN > 128) {
     consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, d);
   }
