@@ -92,15 +92,6 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
       : "memory");
 }
 
-// Asks the copy engine to bring a box of the tensor at (inner, outer) into
-// L2 without writing shared memory (no barrier, nothing to wait for).
-__device__ __forceinline__ void tma_prefetch_l2_2d(const CUtensorMap* map, int inner, int outer) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(inner), "r"(outer)
-               : "memory");
-}
-
 // TMA stores: a box of shared memory (written by ordinary stores, then made
 // visible to the copy engine with fence_proxy_async) to the tensor at box
 // coordinates (inner, outer); parts of the box outside the tensor are not

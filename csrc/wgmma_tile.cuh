@@ -300,27 +300,6 @@ __device__ __forceinline__ UnitRole role_of(const SplitTailUnits<CLUSTER, PRODUC
   return tiles.role();
 }
 
-// Experiment switch (off by default): PM_PREFETCH_LEAD = L > 0 makes the
-// producer of a static tile stream (pairs) ask L2 for the next tile's first
-// PM_PREFETCH_KBLOCKS k-blocks (its own A box and B share) when it loads the
-// current tile's k-block `end - L`, so that the next tile's first loads find
-// their data in L2 rather than DRAM.
-#ifndef PM_PREFETCH_LEAD
-#define PM_PREFETCH_LEAD 0
-#endif
-#ifndef PM_PREFETCH_KBLOCKS
-#define PM_PREFETCH_KBLOCKS 4
-#endif
-
-// Whether the producer may walk a copy of its tile stream a tile ahead:
-// static streams only (a dynamic stream's next() claims a tile).
-template <typename Tiles>
-struct LooksAhead : std::false_type {};
-template <>
-struct LooksAhead<TilePairsPerCluster> : std::true_type {};
-template <bool PRODUCER>
-struct LooksAhead<SplitTailUnits<2, PRODUCER>> : std::true_type {};
-
 // Producer: loads every k-block of every tile of the stream (of a split-tail
 // unit: its k-blocks) into the ring.
 // In a cluster of two, CTA `rank` loads half of each B slice and multicasts it.
@@ -336,35 +315,12 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
   constexpr uint16_t kAllCtas = (1u << CLUSTER) - 1;
   RingPosition<Shape::STAGES> ring;
   tc::TileCoord tile;
-  constexpr bool kPrefetch = PM_PREFETCH_LEAD > 0 && LooksAhead<Tiles>::value;
-  Tiles ahead = tiles;  // one tile ahead of `tiles` (kPrefetch)
-  tc::TileCoord upcoming;
-  if constexpr (kPrefetch) ahead.next(upcoming);
   while (tiles.next(tile)) {
     // A tile below the output (the second of a cluster's last pair) needs no
     // A: its rows are never stored. Its CTA still sends B to the partner.
     const bool loads_a = int64_t(tile.m) * Shape::BM < m;
     const KRange range = k_range_of(tiles, k_blocks);
-    bool prefetch = false;
-    KRange upcoming_range{0, 0};
-    if constexpr (kPrefetch) {
-      prefetch = ahead.next(upcoming);
-      upcoming_range = k_range_of(ahead, k_blocks);
-    }
-    const int prefetch_at = max(range.begin, range.end - PM_PREFETCH_LEAD);
     for (int kb = range.begin; kb < range.end; ++kb) {
-      if (kPrefetch && prefetch && kb == prefetch_at) {
-        const int last = min(upcoming_range.end, upcoming_range.begin + PM_PREFETCH_KBLOCKS);
-        for (int pk = upcoming_range.begin; pk < last; ++pk) {
-          if (int64_t(upcoming.m) * Shape::BM < m) tma_prefetch_l2_2d(map_a, pk * Shape::BK, upcoming.m * Shape::BM);
-#pragma unroll
-          for (int i = 0; i < BOXES_PER_CTA; ++i) {
-            const int box = rank * BOXES_PER_CTA + i;
-            tma_prefetch_l2_2d(map_b, B_KMAJOR ? pk * Shape::BK : upcoming.n * Shape::BN + box * 64,
-                               B_KMAJOR ? upcoming.n * Shape::BN + box * (Shape::BN / CLUSTER) : pk * Shape::BK);
-          }
-        }
-      }
       mbarrier_wait(&smem.empty[ring.stage], ring.phase ^ 1);  // a fresh barrier passes parity 1
       uint64_t* full = &smem.full[ring.stage];
       char* a = smem.stages + ring.stage * Shape::STAGE_BYTES;
