@@ -5,11 +5,15 @@ package's own parser (and build.toml, when the repo is at hand); the digest;
 that the op namespace id agrees across metadata, ``_ops.py``, the extension's
 file name and its ``PyInit_`` symbol; ``kernel-abi-check`` (manylinux_2_28 and
 Python limited API 3.9) on every ``.so``; and that every declared CUDA arch has
-machine code (and PTX where ``+PTX`` is declared), read with cuobjdump.
+machine code (and PTX where ``+PTX`` is declared), read with cuobjdump; and
+that sm_90a code holds wgmma and TMA instructions, its wgmmas not serialized
+(read from its SASS once per library content: sm90a_summary).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -104,6 +108,68 @@ def serialized_wgmma_functions(sass: str) -> dict[str, tuple[int, int]]:
         if sizes and singles * 2 > len(sizes):
             found[name] = (singles, len(sizes))
     return found
+
+
+@dataclass(frozen=True)
+class Sm90aSummary:
+    """What the checks read from a library's sm_90a SASS."""
+    counts: dict[str, int]  # HOPPER_INSTRUCTIONS found
+    serialized: dict[str, tuple[int, int]]  # serialized_wgmma_functions
+
+
+# Bumped whenever what a summary holds, or how it is read from SASS, changes:
+# older cache entries are then never read.
+SUMMARY_FORMAT = 1
+
+
+def cache_dir() -> Path:
+    """Where kernelpress keeps results that depend only on file contents:
+    $KERNELPRESS_CACHE, else $XDG_CACHE_HOME/kernelpress, else ~/.cache/kernelpress."""
+    if os.environ.get("KERNELPRESS_CACHE"):
+        return Path(os.environ["KERNELPRESS_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kernelpress"
+
+
+def _summary_cache_file(so: Path, cuobjdump: Path) -> Path:
+    """The cache entry of a library's summary: named by the library's bytes, the
+    cuobjdump that read it and SUMMARY_FORMAT."""
+    digest = hashlib.sha256()
+    with open(so, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    tool = cuobjdump.resolve()
+    digest.update(f"|{tool}|{tool.stat().st_size}|{SUMMARY_FORMAT}".encode())
+    return cache_dir() / f"sm90a-summary-{digest.hexdigest()}.json"
+
+
+def sm90a_summary(so: Path, cuobjdump: Path) -> tuple[Sm90aSummary | None, str | None]:
+    """The Hopper instruction counts and serialized-wgmma functions of a library's
+    sm_90a SASS, and None; or None and why the SASS could not be read.
+
+    Disassembling a build's sm_90a code takes ~30 s, and `kernelpress publish`
+    checks the same build again on every run, so summaries are cached by the
+    library's content (cache_dir(); an unreadable or unwritable cache is
+    ignored, failures are never cached)."""
+    entry = _summary_cache_file(so, cuobjdump)
+    try:
+        data = json.loads(entry.read_text())
+        counts = {name: int(data["counts"][name]) for name in HOPPER_INSTRUCTIONS}
+        serialized = {name: (int(singles), int(groups)) for name, (singles, groups) in data["serialized"].items()}
+        return Sm90aSummary(counts, serialized), None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    listing, error = sm90a_sass(so, cuobjdump)
+    if error is not None:
+        return None, error
+    summary = Sm90aSummary(count_hopper_instructions(listing), serialized_wgmma_functions(listing))
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        partial = entry.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"counts": summary.counts, "serialized": summary.serialized}))
+        os.replace(partial, entry)
+    except OSError:
+        pass
+    return summary, None
 
 
 def _exported_symbols(so: Path) -> set[str]:
@@ -210,15 +276,15 @@ def check_variant(variant_dir: Path, config=None, cuobjdump: Path | None = None)
             add("SASS", not problems, "; ".join(problems)
                 or f"SASS {' '.join(sorted(sass))}" + (f", PTX {' '.join(sorted(ptx))}" if ptx else ""))
             if "sm_90a" in sass:
-                listing_90a, error = sm90a_sass(libraries[0], tool)
+                summary, error = sm90a_summary(libraries[0], tool)
                 if error is not None:
                     add("sm_90a instructions", False, f"could not disassemble: {error}")
                 else:
-                    counts = count_hopper_instructions(listing_90a)
+                    counts = summary.counts
                     missing = [f"no {name} ({what})" for name, what in HOPPER_INSTRUCTIONS.items() if not counts[name]]
                     add("sm_90a instructions", not missing, "; ".join(missing)
                         or ", ".join(f"{counts[name]} {name}" for name in HOPPER_INSTRUCTIONS))
-                    serialized = serialized_wgmma_functions(listing_90a)
+                    serialized = summary.serialized
                     add("wgmma pipelining", not serialized,
                         "; ".join(f"{name}: {singles} of {groups} wgmma groups hold one HGMMA (serialized by ptxas)"
                                   for name, (singles, groups) in serialized.items())

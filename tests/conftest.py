@@ -1,4 +1,5 @@
-"""Shared fixtures: the repo's built variant, the kernel loaded from it, and the `gpu` marker."""
+"""Shared fixtures: the repo's built variant, the kernel loaded from it, the `gpu` marker, and a
+session-wide kernelpress cache."""
 
 from __future__ import annotations
 
@@ -19,6 +20,21 @@ def _has_cuda() -> bool:
         return torch.cuda.is_available()
     except ImportError:
         return False
+
+
+def pytest_configure(config):
+    """kernelpress's content cache (check's sm_90a summaries) in a directory of
+    this session's: shared by every test (and their child processes) that checks
+    the same build, and never the user's ~/.cache."""
+    import tempfile
+
+    os.environ["KERNELPRESS_CACHE"] = tempfile.mkdtemp(prefix="kernelpress-cache-")
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    shutil.rmtree(os.environ.pop("KERNELPRESS_CACHE", ""), ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -249,7 +249,7 @@ def test_hopper_instruction_check_tells_wgmma_code_from_plain_code(tmp_path):
     """kernelpress check counts HGMMA and UTMALDG in sm_90a SASS: zero for a plain
     kernel built for sm_90a, many for this repo's Hopper rungs (when built), whose
     wgmmas ptxas must not have serialized in any function ("wgmma pipelining")."""
-    from kernelpress.check import count_hopper_instructions, find_cuobjdump, serialized_wgmma_functions, sm90a_sass
+    from kernelpress.check import count_hopper_instructions, find_cuobjdump, sm90a_sass, sm90a_summary
     from kernelpress.toolchain import find_nvcc
 
     cuobjdump = find_cuobjdump()
@@ -263,12 +263,43 @@ def test_hopper_instruction_check_tells_wgmma_code_from_plain_code(tmp_path):
     assert error is None, error
     assert count_hopper_instructions(plain) == {"HGMMA": 0, "UTMALDG": 0}
     built = sorted((Path(__file__).resolve().parent.parent / "build").glob("torch-*/*.so"))
-    if built:
-        sass, error = sm90a_sass(built[0], cuobjdump)
+    if built:  # through the cache, which the later checks of this build (publish's) then read
+        summary, error = sm90a_summary(built[0], cuobjdump)
         assert error is None, error
-        counts = count_hopper_instructions(sass)
-        assert counts["HGMMA"] > 0 and counts["UTMALDG"] > 0, counts
-        assert serialized_wgmma_functions(sass) == {}
+        assert summary.counts["HGMMA"] > 0 and summary.counts["UTMALDG"] > 0, summary.counts
+        assert summary.serialized == {}
+
+
+def test_sm90a_summary_is_cached_by_library_content(tmp_path, monkeypatch):
+    """The second summary of the same bytes comes from the cache (cuobjdump is not
+    run again) and equals the first; other bytes, or a corrupt entry, are read anew."""
+    from kernelpress import check
+    from kernelpress.toolchain import find_nvcc
+
+    monkeypatch.setenv("KERNELPRESS_CACHE", str(tmp_path / "cache"))
+    cuobjdump = check.find_cuobjdump()
+    objects = []
+    for name, body in (("one", "x[threadIdx.x] += 1.0f;"), ("two", "x[threadIdx.x] *= 2.0f;")):
+        source = tmp_path / f"{name}.cu"
+        source.write_text(f"__global__ void k(float* x) {{ {body} }}\n")
+        objects.append(tmp_path / f"{name}.o")
+        subprocess.run([str(find_nvcc()), "-gencode=arch=compute_90a,code=sm_90a", "-c", str(source), "-o",
+                        str(objects[-1])], check=True)
+    calls = []
+    real = check.sm90a_sass
+    monkeypatch.setattr(check, "sm90a_sass", lambda so, tool: calls.append(so) or real(so, tool))
+    first, error = check.sm90a_summary(objects[0], cuobjdump)
+    assert error is None and first.counts == {"HGMMA": 0, "UTMALDG": 0} and first.serialized == {}
+    assert check.sm90a_summary(objects[0], cuobjdump) == (first, None)
+    assert calls == [objects[0]]
+    check.sm90a_summary(objects[1], cuobjdump)
+    assert calls == [objects[0], objects[1]]
+    entries = sorted((tmp_path / "cache").glob("sm90a-summary-*.json"))
+    assert len(entries) == 2
+    for entry in entries:
+        entry.write_text("{not json")
+    assert check.sm90a_summary(objects[0], cuobjdump) == (first, None)
+    assert calls == [objects[0], objects[1], objects[0]]
 
 
 def _sass_function(name: str, groups: list[int]) -> str:
