@@ -31,10 +31,6 @@
 
 #include <type_traits>
 
-#ifndef PM_TILE_PHASES
-#define PM_TILE_PHASES 0
-#endif
-
 #include "device_helpers.cuh"
 #include "hopper_helpers.cuh"
 #include "matmul_problem.h"
@@ -687,29 +683,12 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
     RingPosition<Shape::STAGES> ring;
     auto tiles = make_tiles(rank, smem.queue, std::false_type{});
     tc::TileCoord tile;
-#if PM_TILE_PHASES
-    // Diagnostic (off by default; the instrumented build only): per tile, in SM
-    // cycles, this consumer's time from the end of its previous tile to this
-    // tile's start (hand-over), its wait for the tile's first stage, its
-    // k-loop after that, and its epilogue; written in place of the timeline's
-    // sm, cta, start_ns and end_ns by consumer 0's thread 0, with no barrier
-    // between the consumers (the instrumented build's usual one is skipped).
-    int64_t previous_end = clock64();
-#endif
     while (tiles.next(tile)) {
       const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
       float d[Shape::ACCUMULATORS];
       const int width = mma_width<Shape>(p, tile, consumer);
       const KRange range = k_range_of(tiles, k_blocks);
-#if PM_TILE_PHASES
-      const int64_t c0 = clock64();
-      mbarrier_wait(&smem.full[ring.stage], ring.phase);  // waited again in the k-loop: passes at once
-      const int64_t c1 = clock64();
-#endif
       consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, d);
-#if PM_TILE_PHASES
-      const int64_t c2 = clock64();
-#endif
       const UnitRole role = role_of(tiles);
       if (width > 0 && role.part >= 0 && role.part < role.parts - 1) {
         hand_over_partial<Shape>(p, role, consumer, d);  // a part of a tile another unit stores
@@ -725,17 +704,6 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       } else {
         store_tile<T, Shape>(p, tile, consumer, d);
       }
-#if PM_TILE_PHASES
-      if constexpr (TIMELINE) {
-        const int64_t c3 = clock64();
-        if (threadIdx.x == 128 && tile.m < tiles_m) {
-          static_cast<tc::TileRecord*>(p.timeline)[int64_t(tile.m) * tiles_n + tile.n] = {
-              tile.m, tile.n, c0 - previous_end, c1 - c0, c2 - c1, c3 - c2};
-        }
-        previous_end = c3;
-        continue;
-      }
-#endif
       if constexpr (TIMELINE) {
         named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have stored the tile
         if (threadIdx.x == 128 && tile.m < tiles_m) {  // not a tile below the output
