@@ -72,6 +72,45 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
         assert ctas == set(range(cfg["tiles"])), f"{kernel} launches one CTA per tile"
 
 
+def grouped_tile(t: int, tiles_m: int, tiles_n: int) -> tuple[int, int]:
+    """Tile t of the grouped order (tile_scheduler.cuh): groups of 8 rows of tiles, walked column by column."""
+    per_group = 8 * tiles_n
+    first_m = t // per_group * 8
+    rows = min(8, tiles_m - first_m)
+    return first_m + t % per_group % rows, t % per_group // rows
+
+
+@pytest.mark.parametrize("kernel", PERSISTENT_RUNGS)
+@pytest.mark.parametrize("m, n", [(4097, 4097), (16384, 512), (8192, 8192)])
+def test_grouped_order_gives_each_cta_its_strided_tiles(pm, kernel, m, n):
+    """In the static grouped order, CTA c computes tiles c, c + grid, c + 2 grid, ... of
+    the grouped order, in that order (wgmma_persistent's CTA pairs: pair c // 2 + j grid / 2
+    of the order over pairs of tile rows, the pair's row 2 i + c % 2). The kernels walk it
+    without dividing per step; this pins the walk to the order's definition, including the
+    last, shorter group of rows and strides longer than a group."""
+    skip_unless_runs(pm, kernel)
+    a, b = random_operands(m, n, 64, torch.bfloat16, "cuda")
+    out, timeline = pm.matmul_timeline(a, b, kernel=kernel, tile_order="grouped")
+    torch.cuda.synchronize()
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+    cfg = pm.tile_config(m, n, kernel=kernel)
+    tiles_m, tiles_n = -(-m // cfg["block_m"]), -(-n // cfg["block_n"])
+    grid = cfg["persistent_ctas"]
+    assert cfg["tiles"] > grid, cfg  # several tiles a CTA, or the walk is not tested
+    rows = timeline.cpu()
+    pairs = kernel == "wgmma_persistent" and tiles_m > 1
+    for c in range(grid):
+        if pairs:
+            pair_rows = -(-tiles_m // 2)
+            stream = [grouped_tile(i, pair_rows, tiles_n) for i in range(c // 2, pair_rows * tiles_n, grid // 2)]
+            expected = [(2 * i + c % 2, j) for i, j in stream if 2 * i + c % 2 < tiles_m]
+        else:
+            expected = [grouped_tile(i, tiles_m, tiles_n) for i in range(c, tiles_m * tiles_n, grid)]
+        mine = rows[rows[:, 3] == c]
+        mine = mine[mine[:, 4].argsort()]
+        assert [tuple(t) for t in mine[:, :2].tolist()] == expected, f"CTA {c} of {grid}"
+
+
 @pytest.mark.parametrize("kernel", PERSISTENT_RUNGS)
 def test_dynamic_order_starts_afresh_every_call(pm, kernel):
     """The dynamic order's tile counter is new for each launch: back-to-back calls, on
