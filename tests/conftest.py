@@ -22,12 +22,17 @@ def _has_cuda() -> bool:
         return False
 
 
+_cache_before: str | None = None  # KERNELPRESS_CACHE as it was before the session
+
+
 def pytest_configure(config):
     """kernelpress's content cache (check's sm_90a summaries) in a directory of
     this session's: shared by every test (and their child processes) that checks
-    the same build, and never the user's ~/.cache."""
+    the same build, and never the user's ~/.cache or a cache set before pytest."""
     import tempfile
 
+    global _cache_before
+    _cache_before = os.environ.get("KERNELPRESS_CACHE")
     os.environ["KERNELPRESS_CACHE"] = tempfile.mkdtemp(prefix="kernelpress-cache-")
 
 
@@ -35,6 +40,8 @@ def pytest_unconfigure(config):
     import shutil
 
     shutil.rmtree(os.environ.pop("KERNELPRESS_CACHE", ""), ignore_errors=True)
+    if _cache_before is not None:
+        os.environ["KERNELPRESS_CACHE"] = _cache_before
 
 
 def pytest_collection_modifyitems(config, items):

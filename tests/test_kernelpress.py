@@ -245,20 +245,27 @@ def test_compile_error_is_reported(tmp_path):
     assert out.returncode == 1 and "kernelpress: error:" in out.stderr
 
 
+def _plain_sm90a_object(folder: Path, name: str, body: str) -> Path:
+    """An object file of one plain (no wgmma, no TMA) kernel built for sm_90a."""
+    from kernelpress.toolchain import find_nvcc
+
+    source = folder / f"{name}.cu"
+    source.write_text(f"__global__ void {name}(float* x) {{ {body} }}\n")
+    obj = folder / f"{name}.o"
+    subprocess.run([str(find_nvcc()), "-gencode=arch=compute_90a,code=sm_90a", "-c", str(source), "-o", str(obj)],
+                   check=True)
+    return obj
+
+
 def test_hopper_instruction_check_tells_wgmma_code_from_plain_code(tmp_path):
     """kernelpress check counts HGMMA and UTMALDG in sm_90a SASS: zero for a plain
     kernel built for sm_90a, many for this repo's Hopper rungs (when built), whose
     wgmmas ptxas must not have serialized in any function ("wgmma pipelining")."""
     from kernelpress.check import count_hopper_instructions, find_cuobjdump, sm90a_sass, sm90a_summary
-    from kernelpress.toolchain import find_nvcc
 
     cuobjdump = find_cuobjdump()
     assert cuobjdump is not None, "nvidia-cuda-cuobjdump is a kernelpress dependency"
-    source = tmp_path / "plain.cu"
-    source.write_text("__global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }\n")
-    obj = tmp_path / "plain.o"
-    subprocess.run([str(find_nvcc()), "-gencode=arch=compute_90a,code=sm_90a", "-c", str(source), "-o", str(obj)],
-                   check=True)
+    obj = _plain_sm90a_object(tmp_path, "add_one", "x[threadIdx.x] += 1.0f;")
     plain, error = sm90a_sass(obj, cuobjdump)
     assert error is None, error
     assert count_hopper_instructions(plain) == {"HGMMA": 0, "UTMALDG": 0}
@@ -274,17 +281,11 @@ def test_sm90a_summary_is_cached_by_library_content(tmp_path, monkeypatch):
     """The second summary of the same bytes comes from the cache (cuobjdump is not
     run again) and equals the first; other bytes, or a corrupt entry, are read anew."""
     from kernelpress import check
-    from kernelpress.toolchain import find_nvcc
 
     monkeypatch.setenv("KERNELPRESS_CACHE", str(tmp_path / "cache"))
     cuobjdump = check.find_cuobjdump()
-    objects = []
-    for name, body in (("one", "x[threadIdx.x] += 1.0f;"), ("two", "x[threadIdx.x] *= 2.0f;")):
-        source = tmp_path / f"{name}.cu"
-        source.write_text(f"__global__ void k(float* x) {{ {body} }}\n")
-        objects.append(tmp_path / f"{name}.o")
-        subprocess.run([str(find_nvcc()), "-gencode=arch=compute_90a,code=sm_90a", "-c", str(source), "-o",
-                        str(objects[-1])], check=True)
+    objects = [_plain_sm90a_object(tmp_path, "add_one", "x[threadIdx.x] += 1.0f;"),
+               _plain_sm90a_object(tmp_path, "double_it", "x[threadIdx.x] *= 2.0f;")]
     calls = []
     real = check.sm90a_sass
     monkeypatch.setattr(check, "sm90a_sass", lambda so, tool: calls.append(so) or real(so, tool))
