@@ -9,11 +9,13 @@
 // 128-row tile, waits for a stage, multiplies it with four m64nBNk16 wgmmas
 // (fp32 accumulators in registers), waits for them and frees the stage on
 // its `empty` mbarrier at once (the other consumer's wgmmas keep the tensor
-// cores busy meanwhile). After the last k-block the consumers hand their rows (bias added,
-// rounded) to the copy engine: each writes 64 x 64 boxes into a pair of
-// swizzled staging buffers and one thread issues a TMA store per box, which
-// writes global memory (tails clipped) while the consumers go on to the next
-// tile's k-loop; the producer meanwhile already loads that tile's stages.
+// cores busy meanwhile). After the last k-block the consumers round their
+// rows (bias added) into registers and go on to the next tile's k-loop;
+// after issuing each of its first k-blocks' wgmmas, a consumer writes one
+// 64 x 64 box of the previous tile's rows into one of a pair of swizzled
+// staging buffers and one thread issues a TMA store of it, which writes
+// global memory (tails clipped). The producer meanwhile already loads the
+// next tile's stages.
 // Outputs TMA cannot store (rows not 16-byte aligned or not a multiple of
 // 16 bytes long, strided columns) are stored from registers instead.
 //
@@ -62,6 +64,11 @@ struct WgmmaShape {
   static constexpr int OUT_BOX_BYTES = 64 * 64 * 2;  // a 64 x 64 box of the output, 128-byte rows
   static constexpr int OUT_BUFFERS = 2;              // per consumer: one fills while TMA reads the other
   static constexpr int OUT_STAGING_BYTES = CONSUMERS * OUT_BUFFERS * OUT_BOX_BYTES;
+  // Output boxes a consumer stores at a tile's end; the others wait in
+  // registers (PendingStore) for the next tile's first k-blocks. Keeping all
+  // four of a 128 x 256 tile's there, besides the next tile's accumulators,
+  // left too few registers (spills).
+  static constexpr int BOXES_AT_TILE_END = BN > 128 ? 1 : 0;
   // 1024 bytes of slack to align the stages for the 128-byte swizzle, the
   // stages, the output staging (1024-byte aligned too), the full and empty
   // barriers, then the tile queue (TileQueue): 225 KB at most, under the
@@ -368,19 +375,136 @@ __device__ __forceinline__ int mma_width(const MatmulProblem& p, tc::TileCoord t
   return cols <= 64 ? 64 : cols <= 128 ? 128 : Shape::BN;
 }
 
+// The bias of output columns col and col + 1 (zero past N, or without bias).
+template <typename T>
+__device__ __forceinline__ void bias_pair(const T* bias, int64_t col, int64_t n, float& bias0, float& bias1) {
+  bias0 = bias != nullptr && col < n ? to_float(bias[col]) : 0.0f;
+  bias1 = bias != nullptr && col + 1 < n ? to_float(bias[col + 1]) : 0.0f;
+}
+
+// One consumer's results of its last tile, rounded to T (bias added), two
+// to a register in the accumulator fragment's order (pair i holds d[2i] and
+// d[2i + 1]), waiting to go to the copy engine while the consumer computes
+// its next tile: consume_tile stages and stores one 64 x 64 box of them per
+// k-block, in the shadow of that k-block's wgmmas. Storing them at the
+// tile's end instead left the tensor cores idle for ~2500 cycles a tile
+// (12% of a tile at K = 1024; H200, 2026-12-02).
+template <typename Shape>
+struct PendingStore {
+  uint32_t pairs[Shape::ACCUMULATORS / 2];
+  tc::TileCoord tile;
+  int boxes = 0;  // boxes of the tile inside the output; 0: nothing pending
+};
+
+// Rounds one consumer's 64 x BN accumulators (+ bias) into `pending`.
+// Without a bias there is nothing to add (128 FADDs of zero were ~9% of the
+// store-at-the-end epilogue's samples).
+template <typename T, typename Shape>
+__device__ __forceinline__ void pack_tile(const MatmulProblem& p, tc::TileCoord tile,
+                                          const float (&d)[Shape::ACCUMULATORS], PendingStore<Shape>& pending) {
+  const T* bias = static_cast<const T*>(p.bias);
+  if (bias != nullptr) {
+    const int64_t col0 = int64_t(tile.n) * Shape::BN + 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int j = 0; j < Shape::BN / 8; ++j) {  // 8-column blocks
+      float bias0, bias1;
+      bias_pair(bias, col0 + j * 8, p.n, bias0, bias1);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const tc::Pair<T> pair = tc::make_pair<T>(d[j * 4 + half * 2] + bias0, d[j * 4 + half * 2 + 1] + bias1);
+        pending.pairs[j * 2 + half] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < Shape::ACCUMULATORS / 2; ++i) {
+      const tc::Pair<T> pair = tc::make_pair<T>(d[2 * i], d[2 * i + 1]);
+      pending.pairs[i] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+  }
+  pending.tile = tile;
+  pending.boxes = int(min_i64(Shape::BN / 64, ceil_div(p.n - int64_t(tile.n) * Shape::BN, 64)));
+}
+
+// Box `box` of the pending results (if inside the output) goes to the copy
+// engine in three steps, so that the wgmmas a consumer has in flight meanwhile
+// meet no divergent code (ptxas then serializes every wgmma of the kernel,
+// its advisory C7518): claim_box, where the leader thread (the one that
+// issues stores) waits until the store issued from the box's staging buffer
+// two boxes ago has read it;
+// stage_pending_box, where every thread writes its part of the box into the
+// buffer, a 64 x 64 box with 128-byte rows in TMA's 128B-swizzled layout
+// (16-byte chunk c of row r at chunk c ^ (r % 8)); and send_box, where the
+// leader issues the TMA store. Each stmatrix writes four 8 x 8 pieces: rows
+// 0-7 and 8-15 of the warp's 16 rows in two adjacent 8-column blocks; lane
+// l gives the address of row l % 8 of piece l / 8.
+template <typename Shape>
+__device__ __forceinline__ char* out_buffer(char* staging, int consumer, int box) {
+  return staging + (consumer * Shape::OUT_BUFFERS + box % Shape::OUT_BUFFERS) * Shape::OUT_BOX_BYTES;
+}
+__device__ __forceinline__ void claim_box(int consumer) {
+  bulk_wait_read<1>();  // every thread: only the leader has stores to wait for, and no branch
+  named_barrier_sync(2 + consumer, 128);  // named barrier of this consumer warpgroup (0: __syncthreads, 1: timeline)
+}
+template <typename Shape>
+__device__ __forceinline__ void stage_pending_box(char* staging, int consumer, int box,
+                                                  const PendingStore<Shape>& pending) {
+  static_assert(Shape::OUT_BUFFERS == 2, "claim_box waits for the store two boxes back");
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int piece = lane / 8, row = warp * 16 + (piece % 2) * 8 + lane % 8;
+  const uint32_t row_base = smem_u32(out_buffer<Shape>(staging, consumer, box)) + row * 128;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {  // 8-column blocks 2q and 2q + 1 of the box
+    const int j = box * 8 + 2 * q;  // ... and of the consumer's fragment
+    stmatrix_x4(row_base + (((2 * q + piece / 2) ^ (lane % 8)) << 4), pending.pairs[j * 2], pending.pairs[j * 2 + 1],
+                pending.pairs[j * 2 + 2], pending.pairs[j * 2 + 3]);
+  }
+  fence_proxy_async();  // this thread's shared stores, visible to the copy engine
+}
+template <typename Shape>
+__device__ __forceinline__ void send_box(const CUtensorMap* map_out, char* staging, int consumer, int box,
+                                         const PendingStore<Shape>& pending) {
+  named_barrier_sync(2 + consumer, 128);  // every thread has staged the box
+  if (threadIdx.x % 128 == 0) {
+    tma_store_2d(map_out, out_buffer<Shape>(staging, consumer, box), pending.tile.n * Shape::BN + box * 64,
+                 pending.tile.m * Shape::BM + consumer * 64);
+    bulk_commit();
+  }
+}
+// The three steps at once, where no wgmma is in flight.
+template <typename Shape>
+__device__ __forceinline__ void store_pending_box(const CUtensorMap* map_out, char* staging, int consumer, int box,
+                                                  const PendingStore<Shape>& pending) {
+  if (box >= pending.boxes) return;
+  claim_box(consumer);
+  stage_pending_box<Shape>(staging, consumer, box, pending);
+  send_box<Shape>(map_out, staging, consumer, box, pending);
+}
+
+// Where a consumer's pending results go: the output's tensor map and the staging buffers.
+struct OutputStaging {
+  const CUtensorMap* map_out;
+  char* staging;
+};
+
 // One consumer warpgroup's k-loop over a tile: d = A[rows of this consumer] x
 // B[first WIDTH columns], with wgmmas WIDTH wide; accumulators past WIDTH / 2
-// are zero. WIDTH = 0 only waits for each stage and releases it.
+// are zero. WIDTH = 0 only waits for each stage and releases it. The
+// consumer's pending results of its previous tile go out meanwhile, a box
+// after each of the first k-blocks' wgmmas are issued (the rest after the
+// loop where the tile has fewer k-blocks than boxes); none are pending after.
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int WIDTH>
 __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, RingPosition<Shape::STAGES>& ring,
-                                             int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS]) {
+                                             int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS],
+                                             PendingStore<Shape>& pending, const OutputStaging& out) {
   constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
   static_assert(WIDTH == 0 || WIDTH == 64 || WIDTH == 128 || WIDTH == 256, "wgmma widths 64, 128 or 256");
 #pragma unroll
   for (int i = WIDTH / 2; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
   const bool signals = threadIdx.x % 128 == 0;
   const uint32_t stages = smem_u32(smem.stages);
-  for (int kb = 0; kb < k_blocks; ++kb) {
+  // Waits for k-block kb's stage and issues its wgmmas.
+  auto issue = [&](int kb) {
     mbarrier_wait(&smem.full[ring.stage], ring.phase);
     if constexpr (WIDTH > 0) {
       const uint32_t a = stages + ring.stage * Shape::STAGE_BYTES + consumer * 64 * 128;
@@ -398,9 +522,36 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
       }
       wgmma_commit();
     }
-    wgmma_wait<0>();  // this k-block's wgmmas are done: free the stage now
+  };
+  // Waits for the k-block's wgmmas and frees its stage at once (the other
+  // consumer's wgmmas keep the tensor cores busy meanwhile).
+  auto retire = [&]() {
+    wgmma_wait<0>();
     if (signals) release_stage<CLUSTER>(&smem.empty[ring.stage]);
     ring.advance();
+  };
+  constexpr int kFirst = Shape::BOXES_AT_TILE_END, kBoxes = Shape::BN / 64;
+  int kb = 0;
+  if (k_blocks >= kBoxes - kFirst) {
+    // Every box is staged (a box past the output's last column, or with no
+    // tile pending, fills its buffer with what is there, unsent): the code
+    // between a k-block's wgmmas and their wait has no branch.
+#pragma unroll
+    for (int box = kFirst; box < kBoxes; ++box, ++kb) {
+      claim_box(consumer);
+      issue(kb);
+      stage_pending_box<Shape>(out.staging, consumer, box, pending);
+      retire();
+      if (box < pending.boxes) send_box<Shape>(out.map_out, out.staging, consumer, box, pending);
+    }
+  } else {
+#pragma unroll
+    for (int box = kFirst; box < kBoxes; ++box) store_pending_box<Shape>(out.map_out, out.staging, consumer, box, pending);
+  }
+  pending.boxes = 0;
+  for (; kb < k_blocks; ++kb) {
+    issue(kb);
+    retire();
   }
 }
 
@@ -408,15 +559,16 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR>
 __device__ __forceinline__ void consume_tile_at(int width, const SharedStages<Shape>& smem,
                                                 RingPosition<Shape::STAGES>& ring, int k_blocks, int consumer,
-                                                float (&d)[Shape::ACCUMULATORS]) {
+                                                float (&d)[Shape::ACCUMULATORS],
+                                                PendingStore<Shape>& pending, const OutputStaging& out) {
   if (width == Shape::BN) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::BN>(smem, ring, k_blocks, consumer, d);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::BN>(smem, ring, k_blocks, consumer, d, pending, out);
   } else if (width == 0) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0>(smem, ring, k_blocks, consumer, d);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0>(smem, ring, k_blocks, consumer, d, pending, out);
   } else if (width == 64) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64>(smem, ring, k_blocks, consumer, d);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64>(smem, ring, k_blocks, consumer, d, pending, out);
   } else if constexpr (Shape::BN > 128) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, d);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, d, pending, out);
   }
 }
 
@@ -429,13 +581,6 @@ __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16* dst, fl
 template <>
 __device__ __forceinline__ void store_pair<__half>(__half* dst, float x, float y) {
   *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
-}
-
-// The bias of output columns col and col + 1 (zero past N, or without bias).
-template <typename T>
-__device__ __forceinline__ void bias_pair(const T* bias, int64_t col, int64_t n, float& bias0, float& bias1) {
-  bias0 = bias != nullptr && col < n ? to_float(bias[col]) : 0.0f;
-  bias1 = bias != nullptr && col + 1 < n ? to_float(bias[col + 1]) : 0.0f;
 }
 
 // Writes one consumer's 64 x BN accumulators (+ bias) to out, clipping tails,
@@ -512,35 +657,6 @@ __device__ __forceinline__ void stage_box(const MatmulProblem& p, char* buffer, 
       const tc::Pair<T> pair =
           tc::make_pair<T>(d[j * 4 + half * 2] + bias0[block], d[j * 4 + half * 2 + 1] + bias1[block]);
       st_shared_b32(base + offset, *reinterpret_cast<const uint32_t*>(&pair));
-    }
-  }
-}
-
-// Hands one consumer's 64 x BN accumulators (+ bias) to the copy engine, in
-// BN / 64 boxes of 64 x 64 through the consumer's two staging buffers
-// (stage_box). Thread 0 of the warpgroup issues the TMA stores; before a
-// buffer is refilled it waits until the store issued from it two boxes ago
-// has read it. The stores complete in the background; the kernel's last act
-// is to wait for them (finish_stores).
-template <typename T, typename Shape>
-__device__ __forceinline__ void store_tile_tma(const MatmulProblem& p, const CUtensorMap* map_out,
-                                               char* staging, tc::TileCoord tile, int consumer,
-                                               const float (&d)[Shape::ACCUMULATORS]) {
-  const bool leader = threadIdx.x % 128 == 0;
-  const int barrier = 2 + consumer;  // named barrier of this consumer warpgroup (0: __syncthreads, 1: timeline)
-  char* buffers = staging + consumer * Shape::OUT_BUFFERS * Shape::OUT_BOX_BYTES;
-#pragma unroll
-  for (int box = 0; box < Shape::BN / 64; ++box) {
-    if (int64_t(tile.n) * Shape::BN + box * 64 >= p.n) break;  // boxes past the output's last column
-    char* buffer = buffers + (box % Shape::OUT_BUFFERS) * Shape::OUT_BOX_BYTES;
-    if (leader) bulk_wait_read<Shape::OUT_BUFFERS - 1>();  // the buffer's previous store has read it
-    named_barrier_sync(barrier, 128);
-    stage_box<T, Shape>(p, buffer, tile, box, d);
-    fence_proxy_async();  // this thread's shared stores, visible to the copy engine
-    named_barrier_sync(barrier, 128);
-    if (leader) {
-      tma_store_2d(map_out, buffer, tile.n * Shape::BN + box * 64, tile.m * Shape::BM + consumer * 64);
-      bulk_commit();
     }
   }
 }
@@ -681,6 +797,8 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
     const int consumer = warpgroup - 1;
     const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
     RingPosition<Shape::STAGES> ring;
+    PendingStore<Shape> pending;  // the results of the previous tile, while they go out
+    const OutputStaging out{map_out, smem.out_staging};
     auto tiles = make_tiles(rank, smem.queue, std::false_type{});
     tc::TileCoord tile;
     while (tiles.next(tile)) {
@@ -688,7 +806,8 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       float d[Shape::ACCUMULATORS];
       const int width = mma_width<Shape>(p, tile, consumer);
       const KRange range = k_range_of(tiles, k_blocks);
-      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, d);
+      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, d, pending,
+                                                   out);
       const UnitRole role = role_of(tiles);
       if (width > 0 && role.part >= 0 && role.part < role.parts - 1) {
         hand_over_partial<Shape>(p, role, consumer, d);  // a part of a tile another unit stores
@@ -698,21 +817,31 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       if (width == 0) {
         // rows below the output: nothing to store
       } else if (store_by_tma) {
-        store_tile_tma<T, Shape>(p, map_out, smem.out_staging, tile, consumer, d);
+        pack_tile<T, Shape>(p, tile, d, pending);  // the rest go out during the next tile's first k-blocks
+#pragma unroll
+        for (int box = 0; box < Shape::BOXES_AT_TILE_END; ++box) {
+          store_pending_box<Shape>(map_out, smem.out_staging, consumer, box, pending);
+        }
       } else if (p.out_stride_n == 1) {
         store_tile_staged<T, Shape>(p, smem.out_staging, tile, consumer, d);
       } else {
         store_tile<T, Shape>(p, tile, consumer, d);
       }
       if constexpr (TIMELINE) {
-        named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have stored the tile
+        named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have the tile's results
         if (threadIdx.x == 128 && tile.m < tiles_m) {  // not a tile below the output
           static_cast<tc::TileRecord*>(p.timeline)[int64_t(tile.m) * tiles_n + tile.n] = {
               tile.m, tile.n, tc::sm_id(), blockIdx.x, start, tc::global_timer_ns()};
         }
       }
     }
-    if (store_by_tma) finish_stores();
+    if (store_by_tma) {
+#pragma unroll
+      for (int box = Shape::BOXES_AT_TILE_END; box < Shape::BN / 64; ++box) {
+        store_pending_box<Shape>(map_out, smem.out_staging, consumer, box, pending);
+      }
+      finish_stores();
+    }
   }
   // Stay alive until the partner CTA has made its last arrivals on our barriers.
   if constexpr (CLUSTER > 1) cluster_sync();

@@ -205,6 +205,34 @@ def test_hopper_staged_store_with_bias(pm, kernel):
         assert check_exact(out, a, b, bias) == 0, f"{kernel} {m}x{n}x{k}: wrong values"
 
 
+# 128 x 256 tiles, more than CTAs. N: the last tile column 3 boxes of 64 wide
+# (the third clipped), or 1 (only the box stored at a tile's end). K: 1 k-block
+# (fewer than the boxes that wait: they go out at the next tile's start), 3
+# (one box after each), 9.
+DEFERRED_STORE_SHAPES = [(2048, 4232, 64), (2048, 4232, 192), (2048, 4160, 520), (4096, 4232, 520)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m, n, k", DEFERRED_STORE_SHAPES)
+def test_wgmma_persistent_stores_a_tile_during_the_next(pm, m, n, k, dtype):
+    """A consumer rounds a tile's results into registers and stores most of them
+    while it computes its next tile (csrc/wgmma_tile.cuh, PendingStore): with and
+    without bias, ragged last tile columns, few and many k-blocks; every element
+    exact, nothing written outside out."""
+    skip_unless_runs(pm, "wgmma_persistent")
+    cfg = pm.tile_config(m, n, kernel="wgmma_persistent")
+    assert cfg["block_n"] == 256 and cfg["tiles"] > cfg["persistent_ctas"], cfg
+    for with_bias in (False, True):
+        a, b = exact_int_operands(m, n, k, dtype, "cuda", headroom=1 if with_bias else 0)
+        bias = exact_int_bias(n, dtype, "cuda") if with_bias else None
+        buffer = poison(torch.empty(m, n + 8, dtype=dtype, device="cuda"))
+        out = buffer[:, :n]
+        pm._matmul._run(a, b, bias, out, "wgmma_persistent")
+        torch.cuda.synchronize()
+        assert check_exact(out, a, b, bias) == 0, f"{m}x{n}x{k} bias={with_bias}: wrong values"
+        assert torch.isnan(buffer[:, n:]).all(), f"{m}x{n}x{k}: wrote outside out"
+
+
 def test_persistent_grid_fills_the_device_once(pm):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = pm.tile_config(8192, 8192, kernel="persistent")
