@@ -64,10 +64,10 @@ struct WgmmaShape {
   static constexpr int OUT_BOX_BYTES = 64 * 64 * 2;  // a 64 x 64 box of the output, 128-byte rows
   static constexpr int OUT_BUFFERS = 2;              // per consumer: one fills while TMA reads the other
   static constexpr int OUT_STAGING_BYTES = CONSUMERS * OUT_BUFFERS * OUT_BOX_BYTES;
-  // Output boxes a consumer stores at a tile's end; the others wait in
-  // registers (PendingStore) for the next tile's first k-blocks. Keeping all
-  // four of a 128 x 256 tile's there, besides the next tile's accumulators,
-  // left too few registers (spills).
+  // Output boxes a consumer of `wgmma_persistent` stores at a tile's end;
+  // the others wait in registers (PendingStore) for the next tile's first
+  // k-blocks. Keeping all four of a 128 x 256 tile's there, besides the next
+  // tile's accumulators, left too few registers (spills).
   static constexpr int BOXES_AT_TILE_END = BN > 128 ? 1 : 0;
   // 1024 bytes of slack to align the stages for the 128-byte swizzle, the
   // stages, the output staging (1024-byte aligned too), the full and empty
@@ -288,6 +288,11 @@ class SplitTailUnits {
   tc::WorkUnit unit_;
 };
 
+template <typename Tiles>
+struct IsSplitTail : std::false_type {};
+template <int CLUSTER, bool PRODUCER>
+struct IsSplitTail<SplitTailUnits<CLUSTER, PRODUCER>> : std::true_type {};
+
 // The k-blocks of the stream's current tile, and the unit's part in a split
 // tile: all k-blocks of a whole tile, but for split-tail units.
 template <typename Tiles>
@@ -461,13 +466,18 @@ __device__ __forceinline__ void stage_pending_box(char* staging, int consumer, i
   }
   fence_proxy_async();  // this thread's shared stores, visible to the copy engine
 }
+// Every box commits one bulk group, empty where no store is sent (a box past
+// the output's last column, or no tile pending): claim_box's wait for all
+// but the last group then always waits for the store from its own buffer.
 template <typename Shape>
 __device__ __forceinline__ void send_box(const CUtensorMap* map_out, char* staging, int consumer, int box,
                                          const PendingStore<Shape>& pending) {
   named_barrier_sync(2 + consumer, 128);  // every thread has staged the box
   if (threadIdx.x % 128 == 0) {
-    tma_store_2d(map_out, out_buffer<Shape>(staging, consumer, box), pending.tile.n * Shape::BN + box * 64,
-                 pending.tile.m * Shape::BM + consumer * 64);
+    if (box < pending.boxes) {
+      tma_store_2d(map_out, out_buffer<Shape>(staging, consumer, box), pending.tile.n * Shape::BN + box * 64,
+                   pending.tile.m * Shape::BM + consumer * 64);
+    }
     bulk_commit();
   }
 }
@@ -475,7 +485,10 @@ __device__ __forceinline__ void send_box(const CUtensorMap* map_out, char* stagi
 template <typename Shape>
 __device__ __forceinline__ void store_pending_box(const CUtensorMap* map_out, char* staging, int consumer, int box,
                                                   const PendingStore<Shape>& pending) {
-  if (box >= pending.boxes) return;
+  if (box >= pending.boxes) {
+    if (threadIdx.x % 128 == 0) bulk_commit();  // the box's (empty) group
+    return;
+  }
   claim_box(consumer);
   stage_pending_box<Shape>(staging, consumer, box, pending);
   send_box<Shape>(map_out, staging, consumer, box, pending);
@@ -493,7 +506,7 @@ struct OutputStaging {
 // consumer's pending results of its previous tile go out meanwhile, a box
 // after each of the first k-blocks' wgmmas are issued (the rest after the
 // loop where the tile has fewer k-blocks than boxes); none are pending after.
-template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int WIDTH>
+template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int WIDTH, int AT_END>
 __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, RingPosition<Shape::STAGES>& ring,
                                              int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS],
                                              PendingStore<Shape>& pending, const OutputStaging& out) {
@@ -530,19 +543,22 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
     if (signals) release_stage<CLUSTER>(&smem.empty[ring.stage]);
     ring.advance();
   };
-  constexpr int kFirst = Shape::BOXES_AT_TILE_END, kBoxes = Shape::BN / 64;
+  constexpr int kFirst = AT_END, kBoxes = Shape::BN / 64;
   int kb = 0;
-  if (k_blocks >= kBoxes - kFirst) {
+  if constexpr (kFirst == kBoxes) {
+    // nothing waits: every box went out at the tile's end
+  } else if (k_blocks >= kBoxes - kFirst) {
     // Every box is staged (a box past the output's last column, or with no
-    // tile pending, fills its buffer with what is there, unsent): the code
-    // between a k-block's wgmmas and their wait has no branch.
+    // tile pending, fills its buffer with what is there, unsent; claim_box
+    // still waits for the buffer's last store): the code between a k-block's
+    // wgmmas and their wait has no branch.
 #pragma unroll
     for (int box = kFirst; box < kBoxes; ++box, ++kb) {
       claim_box(consumer);
       issue(kb);
       stage_pending_box<Shape>(out.staging, consumer, box, pending);
       retire();
-      if (box < pending.boxes) send_box<Shape>(out.map_out, out.staging, consumer, box, pending);
+      send_box<Shape>(out.map_out, out.staging, consumer, box, pending);
     }
   } else {
 #pragma unroll
@@ -556,19 +572,19 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
 }
 
 // consume_tile at the width the tile needs (mma_width).
-template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR>
+template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, int AT_END>
 __device__ __forceinline__ void consume_tile_at(int width, const SharedStages<Shape>& smem,
                                                 RingPosition<Shape::STAGES>& ring, int k_blocks, int consumer,
                                                 float (&d)[Shape::ACCUMULATORS],
                                                 PendingStore<Shape>& pending, const OutputStaging& out) {
   if (width == Shape::BN) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::BN>(smem, ring, k_blocks, consumer, d, pending, out);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, Shape::BN, AT_END>(smem, ring, k_blocks, consumer, d, pending, out);
   } else if (width == 0) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0>(smem, ring, k_blocks, consumer, d, pending, out);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 0, AT_END>(smem, ring, k_blocks, consumer, d, pending, out);
   } else if (width == 64) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64>(smem, ring, k_blocks, consumer, d, pending, out);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 64, AT_END>(smem, ring, k_blocks, consumer, d, pending, out);
   } else if constexpr (Shape::BN > 128) {
-    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128>(smem, ring, k_blocks, consumer, d, pending, out);
+    consume_tile<T, Shape, CLUSTER, B_KMAJOR, 128, AT_END>(smem, ring, k_blocks, consumer, d, pending, out);
   }
 }
 
@@ -800,13 +816,21 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
     PendingStore<Shape> pending;  // the results of the previous tile, while they go out
     const OutputStaging out{map_out, smem.out_staging};
     auto tiles = make_tiles(rank, smem.queue, std::false_type{});
+    // A CTA of `wgmma` has no next tile to hide its stores: all go out at once.
+#ifndef PM_SPLIT_AT_END
+#define PM_SPLIT_AT_END Shape::BOXES_AT_TILE_END
+#endif
+    using Tiles = decltype(tiles);
+    constexpr int kAtEnd = std::is_same_v<Tiles, OneTilePerCta> ? Shape::BN / 64
+                           : IsSplitTail<Tiles>::value          ? PM_SPLIT_AT_END
+                                                                : Shape::BOXES_AT_TILE_END;
     tc::TileCoord tile;
     while (tiles.next(tile)) {
       const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
       float d[Shape::ACCUMULATORS];
       const int width = mma_width<Shape>(p, tile, consumer);
       const KRange range = k_range_of(tiles, k_blocks);
-      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR>(width, smem, ring, range.end - range.begin, consumer, d, pending,
+      consume_tile_at<T, Shape, CLUSTER, B_KMAJOR, kAtEnd>(width, smem, ring, range.end - range.begin, consumer, d, pending,
                                                    out);
       const UnitRole role = role_of(tiles);
       if (width > 0 && role.part >= 0 && role.part < role.parts - 1) {
@@ -819,7 +843,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       } else if (store_by_tma) {
         pack_tile<T, Shape>(p, tile, d, pending);  // the rest go out during the next tile's first k-blocks
 #pragma unroll
-        for (int box = 0; box < Shape::BOXES_AT_TILE_END; ++box) {
+        for (int box = 0; box < kAtEnd; ++box) {
           store_pending_box<Shape>(map_out, smem.out_staging, consumer, box, pending);
         }
       } else if (p.out_stride_n == 1) {
@@ -837,7 +861,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
     }
     if (store_by_tma) {
 #pragma unroll
-      for (int box = Shape::BOXES_AT_TILE_END; box < Shape::BN / 64; ++box) {
+      for (int box = kAtEnd; box < Shape::BN / 64; ++box) {
         store_pending_box<Shape>(map_out, smem.out_staging, consumer, box, pending);
       }
       finish_stores();
