@@ -5,10 +5,13 @@
 // clusters, that can be resident together, read at run time) and each CTA
 // walks output tiles through the tile scheduler (tile_scheduler.cuh: grouped
 // or Hilbert order, or the dynamic order, where the producer thread claims
-// each next tile from a counter and queues it for the consumers). The
-// producer warpgroup does not stop at a tile's end: while the consumers
-// write one tile's results, it is already loading the next tile's first
-// stages, so every tile after a CTA's first starts with its pipeline full.
+// each next tile from a counter and queues it for the consumers). Nothing
+// stops at a tile's end: the producer warpgroup is already loading the next
+// tile's first stages, so every tile after a CTA's first starts with its
+// pipeline full, and the consumers round the tile's results into registers
+// and store them while they compute the next tile's first k-blocks
+// (wgmma_tile.cuh, PendingStore): 1.06-1.08x the speed of storing them at
+// the tile's end at K = 1024, 1.02x at 4096^3 (H200, 2026-12-02).
 //
 // With clusters (cluster_size 2, and the default wherever the output has
 // more than one row of tiles: wgmma_cluster_size_for) the CTAs run in

@@ -66,9 +66,10 @@ struct WgmmaShape {
   static constexpr int OUT_STAGING_BYTES = CONSUMERS * OUT_BUFFERS * OUT_BOX_BYTES;
   // Output boxes a consumer of `wgmma_persistent` stores at a tile's end;
   // the others wait in registers (PendingStore) for the next tile's first
-  // k-blocks. Keeping all four of a 128 x 256 tile's there, besides the next
-  // tile's accumulators, left too few registers (spills).
-  static constexpr int BOXES_AT_TILE_END = BN > 128 ? 1 : 0;
+  // k-blocks. Of a 128 x 256 tile's four, keeping three there besides the
+  // next tile's accumulators spilled registers in the split-tail kernels,
+  // which then ran 3-5% slower than with two (H200, 2026-12-02).
+  static constexpr int BOXES_AT_TILE_END = BN > 128 ? 2 : 0;
   // 1024 bytes of slack to align the stages for the 128-byte swizzle, the
   // stages, the output staging (1024-byte aligned too), the full and empty
   // barriers, then the tile queue (TileQueue): 225 KB at most, under the
@@ -287,11 +288,6 @@ class SplitTailUnits {
   int64_t next_, index_ = 0;
   tc::WorkUnit unit_;
 };
-
-template <typename Tiles>
-struct IsSplitTail : std::false_type {};
-template <int CLUSTER, bool PRODUCER>
-struct IsSplitTail<SplitTailUnits<CLUSTER, PRODUCER>> : std::true_type {};
 
 // The k-blocks of the stream's current tile, and the unit's part in a split
 // tile: all k-blocks of a whole tile, but for split-tail units.
@@ -817,13 +813,8 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
     const OutputStaging out{map_out, smem.out_staging};
     auto tiles = make_tiles(rank, smem.queue, std::false_type{});
     // A CTA of `wgmma` has no next tile to hide its stores: all go out at once.
-#ifndef PM_SPLIT_AT_END
-#define PM_SPLIT_AT_END Shape::BOXES_AT_TILE_END
-#endif
-    using Tiles = decltype(tiles);
-    constexpr int kAtEnd = std::is_same_v<Tiles, OneTilePerCta> ? Shape::BN / 64
-                           : IsSplitTail<Tiles>::value          ? PM_SPLIT_AT_END
-                                                                : Shape::BOXES_AT_TILE_END;
+    constexpr int kAtEnd =
+        std::is_same_v<decltype(tiles), OneTilePerCta> ? Shape::BN / 64 : Shape::BOXES_AT_TILE_END;
     tc::TileCoord tile;
     while (tiles.next(tile)) {
       const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
