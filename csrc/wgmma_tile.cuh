@@ -817,7 +817,13 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
         std::is_same_v<decltype(tiles), OneTilePerCta> ? Shape::BN / 64 : Shape::BOXES_AT_TILE_END;
     tc::TileCoord tile;
     while (tiles.next(tile)) {
-      const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
+      // The instrumented build's tile start, kept in shared memory by the one
+      // thread that records the tile: two more registers across the k-loop
+      // made ptxas serialize the wgmmas of the pairs' kernel (C7511).
+      __shared__ int64_t tile_start;
+      if constexpr (TIMELINE) {
+        if (threadIdx.x == 128) tile_start = tc::global_timer_ns();
+      }
       float d[Shape::ACCUMULATORS];
       const int width = mma_width<Shape>(p, tile, consumer);
       const KRange range = k_range_of(tiles, k_blocks);
@@ -846,7 +852,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
         named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have the tile's results
         if (threadIdx.x == 128 && tile.m < tiles_m) {  // not a tile below the output
           static_cast<tc::TileRecord*>(p.timeline)[int64_t(tile.m) * tiles_n + tile.n] = {
-              tile.m, tile.n, tc::sm_id(), blockIdx.x, start, tc::global_timer_ns()};
+              tile.m, tile.n, tc::sm_id(), blockIdx.x, tile_start, tc::global_timer_ns()};
         }
       }
     }
