@@ -10,8 +10,8 @@
 // tile's first stages, so every tile after a CTA's first starts with its
 // pipeline full, and the consumers round the tile's results into registers
 // and store them while they compute the next tile's first k-blocks
-// (wgmma_tile.cuh, PendingStore): 1.06-1.08x the speed of storing them at
-// the tile's end at K = 1024, 1.02x at 4096^3 (H200, 2026-12-02).
+// (wgmma_tile.cuh, PendingStore): 1.06-1.10x the speed of storing them at
+// the tile's end at K = 1024, 1.01-1.02x at 4096^3 (H200, 2026-12-02).
 //
 // With clusters (cluster_size 2, and the default wherever the output has
 // more than one row of tiles: wgmma_cluster_size_for) the CTAs run in
