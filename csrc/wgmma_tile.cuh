@@ -632,75 +632,40 @@ __device__ __forceinline__ void store_tile(const MatmulProblem& p, tc::TileCoord
   }
 }
 
-// Writes 8-column blocks box * 8 .. box * 8 + 7 of one consumer's
-// accumulators (+ bias) into `buffer`, a 64 x 64 box of the output with
-// 128-byte rows in TMA's 128B-swizzled layout (16-byte chunk c of row r sits
-// at chunk c ^ (r % 8)): each thread's fragment pairs go in as 4-byte shared
-// stores, and the eight rows one store instruction touches fall in distinct banks.
-// The stores name the shared window (st.shared, 32-bit addresses): through a
-// plain pointer they compiled to generic 64-bit stores, and with the bias
-// read per column pair inside the loop (predicated loads, each store waiting
-// on one) a box took ~0.5 us on the H200, 2.2 us per tile. The bias columns
-// of the box are read first, all at once, and only if there is a bias.
-template <typename T, typename Shape>
-__device__ __forceinline__ void stage_box(const MatmulProblem& p, char* buffer, tc::TileCoord tile, int box,
-                                          const float (&d)[Shape::ACCUMULATORS]) {
-  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int64_t col0 = int64_t(tile.n) * Shape::BN + 2 * (lane % 4);
-  const T* bias = static_cast<const T*>(p.bias);
-  float bias0[8], bias1[8];
-  if (bias != nullptr) {
-#pragma unroll
-    for (int block = 0; block < 8; ++block) {
-      bias_pair(bias, col0 + (box * 8 + block) * 8, p.n, bias0[block], bias1[block]);
-    }
-  } else {
-#pragma unroll
-    for (int block = 0; block < 8; ++block) bias0[block] = bias1[block] = 0.0f;
-  }
-  const uint32_t base = smem_u32(buffer);
-#pragma unroll
-  for (int block = 0; block < 8; ++block) {  // 8-column blocks of the box
-    const int j = box * 8 + block;           // ... and of the consumer's fragment
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = warp * 16 + lane / 4 + 8 * half;  // row % 8 == lane / 4
-      const uint32_t offset = row * 128 + ((block ^ (lane / 4)) << 4) + 4 * (lane % 4);
-      const tc::Pair<T> pair =
-          tc::make_pair<T>(d[j * 4 + half * 2] + bias0[block], d[j * 4 + half * 2 + 1] + bias1[block]);
-      st_shared_b32(base + offset, *reinterpret_cast<const uint32_t*>(&pair));
-    }
-  }
-}
-
 // The same staging for outputs with contiguous rows that TMA cannot store
-// (rows not whole 16-byte chunks, e.g. N = 4097): the warps then copy each
-// box out a row at a time, lane l writing columns 2l and 2l + 1, so one store
-// instruction covers 128 contiguous bytes of a row (a 4-byte store per lane
-// where the pair is 4-byte aligned, else two 2-byte ones). Storing from the
-// fragments instead wrote 2-byte pieces of 8 rows per instruction: at
-// 4096 x 4097 x 4096 the kernel took 247 us against 184 us with N = 4096.
+// (rows not whole 16-byte chunks, e.g. N = 4097): the rounded results go
+// into the staging buffers box by box as for TMA (stage_pending_box), and
+// the warps copy each box out a row at a time, lane l writing columns 2l
+// and 2l + 1, so one store instruction covers 128 contiguous bytes of a row
+// (a 4-byte store per lane where the pair is 4-byte aligned, else two 2-byte
+// ones). Storing from the fragments instead wrote 2-byte pieces of 8 rows
+// per instruction: at 4096 x 4097 x 4096 the kernel took 247 us against
+// 184 us with N = 4096. `rounded` is the consumer's PendingStore (nothing
+// pending on this path): its registers hold the rounded tile meanwhile, and
+// it is left with nothing pending.
 template <typename T, typename Shape>
 __device__ __forceinline__ void store_tile_staged(const MatmulProblem& p, char* staging, tc::TileCoord tile,
-                                                  int consumer, const float (&d)[Shape::ACCUMULATORS]) {
+                                                  int consumer, const float (&d)[Shape::ACCUMULATORS],
+                                                  PendingStore<Shape>& rounded) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const int barrier = 2 + consumer;
-  char* buffer = staging + consumer * Shape::OUT_BUFFERS * Shape::OUT_BOX_BYTES;
   T* out = static_cast<T*>(p.out);
   const bool out_even = reinterpret_cast<uintptr_t>(out) % 4 == 0;
   const int64_t first_row = int64_t(tile.m) * Shape::BM + consumer * 64;
+  pack_tile<T, Shape>(p, tile, d, rounded);
 #pragma unroll
   for (int box = 0; box < Shape::BN / 64; ++box) {
+    if (box >= rounded.boxes) break;  // boxes past the output's last column
     const int64_t col = int64_t(tile.n) * Shape::BN + box * 64 + 2 * lane;
-    if (col - 2 * lane >= p.n) break;  // boxes past the output's last column
-    named_barrier_sync(barrier, 128);  // every thread has copied out the previous box
-    stage_box<T, Shape>(p, buffer, tile, box, d);
+    const uint32_t buffer = smem_u32(out_buffer<Shape>(staging, consumer, box));
+    named_barrier_sync(barrier, 128);  // every thread has copied out the buffer's previous box
+    stage_pending_box<Shape>(staging, consumer, box, rounded);
     named_barrier_sync(barrier, 128);  // the box is staged
 #pragma unroll 4
     for (int r = warp; r < 64; r += 4) {
       const int64_t row = first_row + r;
       if (row >= p.m) break;
-      const uint32_t bits = ld_shared_b32(smem_u32(buffer) + r * 128 + (((lane / 4) ^ (r % 8)) << 4) + 4 * (lane % 4));
+      const uint32_t bits = ld_shared_b32(buffer + r * 128 + (((lane / 4) ^ (r % 8)) << 4) + 4 * (lane % 4));
       const tc::Pair<T> pair = *reinterpret_cast<const tc::Pair<T>*>(&bits);
       T* dst = out + row * p.out_stride_m + col;
       if (col + 1 < p.n && out_even && (row * p.out_stride_m + col) % 2 == 0) {
@@ -711,6 +676,7 @@ __device__ __forceinline__ void store_tile_staged(const MatmulProblem& p, char* 
       }
     }
   }
+  rounded.boxes = 0;
 }
 
 // Split-tail partial sums of one consumer's 64 x BN rows in a slot of
@@ -844,7 +810,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
           store_pending_box<Shape>(map_out, smem.out_staging, consumer, box, pending);
         }
       } else if (p.out_stride_n == 1) {
-        store_tile_staged<T, Shape>(p, smem.out_staging, tile, consumer, d);
+        store_tile_staged<T, Shape>(p, smem.out_staging, tile, consumer, d, pending);
       } else {
         store_tile<T, Shape>(p, tile, consumer, d);
       }
