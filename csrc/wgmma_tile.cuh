@@ -477,24 +477,28 @@ __device__ __forceinline__ void send_box(const CUtensorMap* map_out, char* stagi
     bulk_commit();
   }
 }
-// The three steps at once, where no wgmma is in flight.
-template <typename Shape>
-__device__ __forceinline__ void store_pending_box(const CUtensorMap* map_out, char* staging, int consumer, int box,
-                                                  const PendingStore<Shape>& pending) {
-  if (box >= pending.boxes) {
-    if (threadIdx.x % 128 == 0) bulk_commit();  // the box's (empty) group
-    return;
-  }
-  claim_box(consumer);
-  stage_pending_box<Shape>(staging, consumer, box, pending);
-  send_box<Shape>(map_out, staging, consumer, box, pending);
-}
-
 // Where a consumer's pending results go: the output's tensor map and the staging buffers.
 struct OutputStaging {
   const CUtensorMap* map_out;
   char* staging;
 };
+
+// Boxes FIRST .. LAST - 1 of the pending results, the three steps at once
+// (where no wgmma is in flight); a box past the output commits its empty group.
+template <typename Shape, int FIRST, int LAST>
+__device__ __forceinline__ void store_pending_boxes(const OutputStaging& out, int consumer,
+                                                    const PendingStore<Shape>& pending) {
+#pragma unroll
+  for (int box = FIRST; box < LAST; ++box) {
+    if (box >= pending.boxes) {
+      if (threadIdx.x % 128 == 0) bulk_commit();
+      continue;
+    }
+    claim_box(consumer);
+    stage_pending_box<Shape>(out.staging, consumer, box, pending);
+    send_box<Shape>(out.map_out, out.staging, consumer, box, pending);
+  }
+}
 
 // One consumer warpgroup's k-loop over a tile: d = A[rows of this consumer] x
 // B[first WIDTH columns], with wgmmas WIDTH wide; accumulators past WIDTH / 2
@@ -557,8 +561,7 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
       send_box<Shape>(out.map_out, out.staging, consumer, box, pending);
     }
   } else {
-#pragma unroll
-    for (int box = kFirst; box < kBoxes; ++box) store_pending_box<Shape>(out.map_out, out.staging, consumer, box, pending);
+    store_pending_boxes<Shape, kFirst, kBoxes>(out, consumer, pending);
   }
   pending.boxes = 0;
   for (; kb < k_blocks; ++kb) {
@@ -804,13 +807,10 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       if (width == 0) {
         // rows below the output: nothing to store
       } else if (store_by_tma) {
-        pack_tile<T, Shape>(p, tile, d, pending);  // the rest go out during the next tile's first k-blocks
-#pragma unroll
-        for (int box = 0; box < kAtEnd; ++box) {
-          store_pending_box<Shape>(map_out, smem.out_staging, consumer, box, pending);
-        }
+        pack_tile<T, Shape>(p, tile, d, pending);
+        store_pending_boxes<Shape, 0, kAtEnd>(out, consumer, pending);  // the rest: during the next tile
       } else if (p.out_stride_n == 1) {
-        store_tile_staged<T, Shape>(p, smem.out_staging, tile, consumer, d, pending);
+        store_tile_staged<T, Shape>(p, out.staging, tile, consumer, d, pending);
       } else {
         store_tile<T, Shape>(p, tile, consumer, d);
       }
@@ -823,10 +823,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       }
     }
     if (store_by_tma) {
-#pragma unroll
-      for (int box = kAtEnd; box < Shape::BN / 64; ++box) {
-        store_pending_box<Shape>(map_out, smem.out_staging, consumer, box, pending);
-      }
+      store_pending_boxes<Shape, kAtEnd, Shape::BN / 64>(out, consumer, pending);  // the last tile's rest
       finish_stores();
     }
   }
