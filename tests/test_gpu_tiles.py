@@ -233,6 +233,41 @@ def test_wgmma_persistent_stores_a_tile_during_the_next(pm, m, n, k, dtype):
         assert torch.isnan(buffer[:, n:]).all(), f"{m}x{n}x{k}: wrote outside out"
 
 
+def signed_permutation(n: int) -> torch.Tensor:
+    """An n x n matrix with one entry +-1 per row and column (float32, CUDA):
+    a product with it reorders and negates columns, exactly in any dtype."""
+    w = torch.zeros(n, n, device="cuda")
+    w[torch.randperm(n, device="cuda"), torch.arange(n, device="cuda")] = (
+        torch.randint(0, 2, (n,), device="cuda") * 2 - 1).float()
+    return w
+
+
+@pytest.mark.parametrize("cluster_size", [None, 1], ids=["pairs", "single-ctas"])
+@pytest.mark.parametrize("m, k", [(4096, 1024), (3000, 3000), (1000, 520)])
+def test_wgmma_persistent_chained_calls_wait_for_each_other(pm, cluster_size, m, k):
+    """A launch of wgmma_persistent may start while the kernel before it in the
+    stream still runs (a programmatic dependent launch, csrc/wgmma_persistent.cu)
+    and must touch global memory only once that kernel is done. A chain queued
+    back to back on one stream, each product reading the previous one's output
+    (read after write) and overwriting the buffer the previous one read (write
+    after read), checked exactly at the end: x @ w1 @ w2 @ ... with signed
+    permutations w (4096 x 1024 x 1024: 128 x 256 tile pairs; 3000^3: a split
+    last round; 1000 x 520 x 520: 128 x 128 tiles)."""
+    skip_unless_runs(pm, "wgmma_persistent")
+    x = torch.randint(-8, 9, (m, k), device="cuda").to(torch.bfloat16)
+    buffers = [x.clone(), poison(torch.empty(m, k, dtype=torch.bfloat16, device="cuda"))]
+    ws = [signed_permutation(k) for _ in range(6)]
+    for i, w in enumerate(ws):
+        pm._matmul._run(buffers[i % 2], w.to(torch.bfloat16), None, buffers[(i + 1) % 2], "wgmma_persistent",
+                        cluster_size=cluster_size)
+    expected = x.double()
+    for w in ws:
+        expected = expected @ w.double()
+    torch.cuda.synchronize()
+    got = buffers[len(ws) % 2].double()
+    assert int((got != expected).sum()) == 0, "a call read or overwrote memory before the call before it was done"
+
+
 def test_persistent_grid_fills_the_device_once(pm):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = pm.tile_config(8192, 8192, kernel="persistent")
