@@ -243,7 +243,7 @@ def signed_permutation(n: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("cluster_size", [None, 1], ids=["pairs", "single-ctas"])
-@pytest.mark.parametrize("m, k", [(4096, 1024), (3000, 3000), (1000, 520)])
+@pytest.mark.parametrize("m, k", [(4096, 2048), (3000, 3000), (1000, 520)])
 def test_wgmma_persistent_chained_calls_wait_for_each_other(pm, cluster_size, m, k):
     """A launch of wgmma_persistent may start while the kernel before it in the
     stream still runs (a programmatic dependent launch, csrc/wgmma_persistent.cu)
@@ -251,8 +251,8 @@ def test_wgmma_persistent_chained_calls_wait_for_each_other(pm, cluster_size, m,
     back to back on one stream, each product reading the previous one's output
     (read after write) and overwriting the buffer the previous one read (write
     after read), checked exactly at the end: x @ w1 @ w2 @ ... with signed
-    permutations w (4096 x 1024 x 1024: 128 x 256 tile pairs; 3000^3: a split
-    last round; 1000 x 520 x 520: 128 x 128 tiles)."""
+    permutations w (4096 x 2048 x 2048: 128 x 256 tiles, two a CTA; 3000^3: a
+    split last round; 1000 x 520 x 520: 128 x 128 tiles, one a CTA)."""
     skip_unless_runs(pm, "wgmma_persistent")
     x = torch.randint(-8, 9, (m, k), device="cuda").to(torch.bfloat16)
     buffers = [x.clone(), poison(torch.empty(m, k, dtype=torch.bfloat16, device="cuda"))]
