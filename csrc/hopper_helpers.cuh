@@ -128,8 +128,8 @@ __device__ __forceinline__ void cluster_sync() {
 // cudaLaunchAttributeProgrammaticStreamSerialization may start while the
 // kernel before it in the stream still runs): wait until the grids this one
 // depends on have finished and their memory is visible, before this grid's
-// first global memory access; and let the next such grid be scheduled. Both
-// are no-ops in a kernel launched without the attribute.
+// first global memory access (returns at once in a kernel launched without
+// the attribute); and let the next grid launched with it be scheduled.
 __device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
