@@ -99,3 +99,44 @@ def test_sustained_run_refuses_no_time(repo_root, subprocess_env):
                             env=subprocess_env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert "--seconds must be positive" in result.stderr
+
+
+def test_speed_of_light_columns_hand_out_every_k_block():
+    """Each k-loop column runs the product's k-blocks once over: whole tiles per CTA
+    as wgmma_persistent balances them, or spread so no CTA has two more than another."""
+    from speed_of_light import BK, BM, BN, k_loop_columns
+
+    class Recorder:
+        def launch(self, ctas, base, extra, extra_ctas, tile_kblocks):
+            self.split = (ctas, base, extra, extra_ctas, tile_kblocks)
+
+    for m, n, k in [(4096, 4096, 4096), (8192, 8192, 1024), (3000, 3000, 3000), (4097, 11008, 4097)]:
+        tiles, tile_kb = -(-m // BM) * -(-n // BN), -(-k // BK)
+        recorder = Recorder()
+        columns = k_loop_columns(recorder, m, n, k, [132, 120], 132)
+        assert list(columns) == ["k-loop tiles@132", "k-loop even@132", "k-loop even@120"]
+        for name, fn in columns.items():
+            fn(0)
+            ctas, base, extra, extra_ctas, kb = recorder.split
+            per_cta = [base + (extra if c < extra_ctas else 0) for c in range(ctas)]
+            assert kb == tile_kb and sum(per_cta) == tiles * tile_kb, name
+            if "tiles" in name:
+                assert all(blocks % tile_kb == 0 for blocks in per_cta), name
+                assert max(per_cta) - min(per_cta) <= tile_kb
+            else:
+                assert max(per_cta) - min(per_cta) <= 1, name
+
+
+def test_speed_of_light_kernel_compiles_to_hgmma(tmp_path):
+    """The k-loop compiles for sm_90a with the package's helpers, and keeps all its
+    wgmmas (a k-loop whose accumulators went unused would lose them)."""
+    from speed_of_light import compile_cubin
+
+    from kernelpress.check import find_cuobjdump
+
+    cubin = compile_cubin(tmp_path)
+    sass = subprocess.run([str(find_cuobjdump()), "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
+    for kernel in ("wgmma_k_loop_b_kmajor", "wgmma_k_loop_b_nmajor"):
+        body = sass.split(f"Function : {kernel}")[1].split("Function :")[0]
+        assert body.count("HGMMA.64x256x16.F32.BF16") >= 4, kernel
