@@ -325,16 +325,22 @@ def _run_text(args: list[str], cwd: Path | None = None) -> str | None:
 
 
 def git_commit(metadata: dict, repo_root: Path = REPO_ROOT) -> tuple[str | None, str]:
-    """The source commit: ``git rev-parse HEAD`` of the checkout, else the
-    commit recorded in the variant's metadata.json provenance.
-    Returns ``(commit or None, where it came from)``."""
-    commit = _run_text(["git", "rev-parse", "HEAD"], cwd=repo_root)
-    if commit:
-        dirty = _run_text(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo_root)
-        return commit, "git rev-parse HEAD" + (" (tracked files modified)" if dirty else "")
+    """The source commit of what was measured: the commit the loaded build was
+    made from (its metadata.json provenance), else ``git rev-parse HEAD`` of the
+    checkout. A build copied onto the GPU machine runs beside a checkout whose git
+    history may be older than the build (2026-12-03: tables named the session's
+    first commit), so the build's own record comes first, and a checkout at
+    another commit is named beside it. Returns ``(commit or None, where it came from)``."""
+    head = _run_text(["git", "rev-parse", "HEAD"], cwd=repo_root)
     kernel = metadata.get("provenance", {}).get("kernel", {})
     if kernel.get("commit"):
-        return kernel["commit"], "metadata.json provenance" + (" (dirty build)" if kernel.get("dirty") else "")
+        source = "metadata.json provenance" + (" (dirty build)" if kernel.get("dirty") else "")
+        if head and head != kernel["commit"]:
+            source += f"; checkout at {head[:12]}"
+        return kernel["commit"], source
+    if head:
+        dirty = _run_text(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo_root)
+        return head, "git rev-parse HEAD" + (" (tracked files modified)" if dirty else "")
     return None, "unknown: no git checkout and no commit in metadata.json provenance"
 
 

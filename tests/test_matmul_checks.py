@@ -17,6 +17,7 @@ from matmul_checks import (
     exact_int_bias,
     exact_int_nonzeros_per_row,
     exact_int_operands,
+    git_commit,
     matmul_error,
     poison,
     random_operands,
@@ -200,3 +201,29 @@ def test_poison_and_check_exact():
 def test_variant_names_follow_the_packages_tile_orders(pm):
     """The benchmark's extra columns are the package's tile orders other than the default."""
     assert set(TILE_ORDER_VARIANTS) == set(pm._matmul.TILE_ORDERS) - {pm._matmul.DEFAULT_TILE_ORDER}
+
+
+def test_commit_is_the_builds_own_before_the_checkouts(tmp_path):
+    """A build records its source commit; the checkout it runs beside may be
+    elsewhere (or no git checkout at all), and the measured kernels are the build's."""
+    import subprocess
+
+    repo, plain = tmp_path / "repo", tmp_path / "plain"
+    repo.mkdir()
+    plain.mkdir()
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (repo / "f").write_text("x")
+    git("add", "f")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "one")
+    head = git("rev-parse", "HEAD")
+    built = {"provenance": {"kernel": {"commit": "0" * 40, "dirty": False}}}
+    assert git_commit(built, repo) == ("0" * 40, f"metadata.json provenance; checkout at {head[:12]}")
+    built_here = {"provenance": {"kernel": {"commit": head, "dirty": True}}}
+    assert git_commit(built_here, repo) == (head, "metadata.json provenance (dirty build)")
+    assert git_commit({}, repo) == (head, "git rev-parse HEAD")
+    assert git_commit(built, plain) == ("0" * 40, "metadata.json provenance")
+    assert git_commit({}, plain)[0] is None
