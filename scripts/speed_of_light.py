@@ -1,7 +1,7 @@
 """How fast any wgmma_persistent-shaped kernel could be here: its k-loop alone, against torch.matmul.
 
     python scripts/speed_of_light.py [--shapes 4096x4096x4096 ...] [--ctas 132 128 120]
-        [--rounds 9] [--seconds 2] [--builds BUILD ... | --no-kernel] [--out DIR]
+        [--rounds 9] [--seconds 2] [--rungs RUNG ...] [--builds BUILD ... | --no-kernel] [--out DIR]
 
 benchmarks/speed_of_light.cu (compiled here with nvcc for sm_90a) runs the
 consumers' k-loop of a 128 x 256 x 64 tile on shared memory filled once with
@@ -12,7 +12,11 @@ the power limit its time bounds the real kernel's from below. Columns per shape:
 - torch.matmul (cuBLAS), on rotated random operands as benchmark_table.py times it;
 - wgmma_persistent, the package's kernel as users load it (unless --no-kernel),
   or that of each build folder in --builds (`kernelpress build` output, e.g.
-  diagnostic builds beside the real one);
+  diagnostic builds beside the real one); with --rungs, those rungs of it
+  (`--rungs tiled persistent wgmma wgmma_persistent` times the k-loop among the
+  benchmark table's own columns: the clock of its short, interleaved batches
+  follows the power of the whole mix, so a bound read beside other columns
+  holds for that mix only);
 - k-loop tiles@C: the k-blocks of the product's 128 x 256 tiles, whole tiles
   per CTA over C CTAs (wgmma_persistent's balance: at 4096^3, 512 tiles on
   132 CTAs make 4 rounds, the last 116 CTAs busy);
@@ -116,6 +120,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="each column's sustained run (0: none)")
     parser.add_argument("--builds", type=Path, nargs="+", default=[],
                         help="build folders whose wgmma_persistent to time (default: this repo's, as users load it)")
+    parser.add_argument("--rungs", nargs="+", default=["wgmma_persistent"],
+                        help="rungs (or variants, as the benchmark names them) of each kernel to time")
     parser.add_argument("--no-kernel", action="store_true", help="leave out the package's wgmma_persistent")
     parser.add_argument("--out", type=Path, help="write speed_of_light.json here")
     args = parser.parse_args()
@@ -135,21 +141,23 @@ def main() -> int:
         parser.error(f"--ctas {max(args.ctas)}: this GPU has {sms} SMs, one CTA each")
     with tempfile.TemporaryDirectory() as tmp:
         kloop = KLoop(compile_cubin(Path(tmp)))
-    kernels = {}  # column name -> loaded package
+    kernels = {}  # column label (after the rung's name) -> loaded package
     if args.builds:
         from compare_builds import load_build
-        kernels = {f"wgmma_persistent ({folder.name})": load_build(folder) for folder in args.builds}
+        kernels = {f" ({folder.name})": load_build(folder) for folder in args.builds}
     elif not args.no_kernel:
         from matmul_checks import load_kernel
-        kernels = {"wgmma_persistent": load_kernel()[0]}
+        kernels = {"": load_kernel()[0]}
     warm_up_gpu()
     rows = []
     for m, n, k in (parse_shape(s) for s in args.shapes):
         inputs = rotated_inputs(m, n, k, torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         columns = {"torch.matmul": lambda i: torch.matmul(*inputs[i % len(inputs)], out=out)}
-        for name, pm in kernels.items():
-            columns[name] = (lambda pm: lambda i: run_variant(pm, "wgmma_persistent", *inputs[i % len(inputs)], out))(pm)
+        for label, pm in kernels.items():
+            for rung in args.rungs:
+                columns[rung + label] = (lambda pm, rung: lambda i: run_variant(pm, rung, *inputs[i % len(inputs)],
+                                                                                out))(pm, rung)
         columns.update(k_loop_columns(kloop, m, n, k, args.ctas, sms))
         calls = {}
         for name, fn in columns.items():
