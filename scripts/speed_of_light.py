@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import random
 import statistics
 import subprocess
@@ -49,7 +50,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 from benchmark_table import (calls_per_batch, parse_shape, rotated_inputs, time_per_call,  # noqa: E402
                              warm_up_gpu)
-from matmul_checks import run_variant  # noqa: E402
+from matmul_checks import environment, environment_lines, gpu_clocks, run_variant  # noqa: E402
 from sustained_run import sampled  # noqa: E402
 
 BM, BN, BK = 128, 256, 64  # hopper::WideTile
@@ -112,6 +113,59 @@ def k_loop_columns(kloop: KLoop, m: int, n: int, k: int, ctas: list[int], sms: i
             for name, s in columns.items()}
 
 
+def benchmark_rows(columns: dict, shape: tuple[int, int, int], rounds: int) -> list[dict]:
+    """Each column timed as benchmark_table.py times it (batches of ~2 ms, `rounds`
+    interleaved rounds in a seeded shuffled order, median): one row per column."""
+    calls = {}
+    for name, fn in columns.items():
+        fn(0)
+        torch.cuda.synchronize()
+        calls[name] = calls_per_batch(time_per_call(fn, 1, 1))
+    times = {name: [] for name in columns}
+    for r in range(rounds):
+        order = list(columns)
+        random.Random(r).shuffle(order)
+        for name in order:
+            times[name].append(time_per_call(columns[name], calls[name], 2))
+    base = statistics.median(times["torch.matmul"])
+    rows = []
+    for name, ts in times.items():
+        s = statistics.median(ts)
+        rows.append({"shape": "x".join(map(str, shape)), "column": name, "timing": "benchmark", "us": s * 1e6,
+                     "tflops": 2.0 * math.prod(shape) / s / 1e12, "ratio": base / s,
+                     "spread": (max(ts) - min(ts)) / s})
+    return rows
+
+
+def sustained_rows(columns: dict, shape: tuple[int, int, int], seconds: float) -> list[dict]:
+    """Each column back to back for `seconds`, with nvidia-smi's SM clock and power
+    (sustained_run.py): one row per column, torch.matmul's first."""
+    rows, torch_s = [], None
+    for name, fn in columns.items():
+        for i in range(20):  # warm: clocks up after the previous column
+            fn(i)
+        torch.cuda.synchronize()
+        s, clock, power, _ = sampled(fn, seconds)
+        torch_s = s if name == "torch.matmul" else torch_s
+        rows.append({"shape": "x".join(map(str, shape)), "column": name, "timing": "sustained", "us": s * 1e6,
+                     "tflops": 2.0 * math.prod(shape) / s / 1e12, "ratio": torch_s / s, "sm_clock_mhz": clock,
+                     "power_w": power})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    """The rows as one Markdown table (clock and power only for sustained rows)."""
+    lines = ["| shape | column | timing | us per call | TFLOP/s | ratio to torch.matmul | spread | SM clock (MHz) "
+             "| power (W) |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        spread = f"{r['spread'] * 100:.1f}%" if "spread" in r else ""
+        clock = f"{r['sm_clock_mhz']:.0f}" if "sm_clock_mhz" in r else ""
+        power = f"{r['power_w']:.0f}" if "power_w" in r else ""
+        lines.append(f"| {r['shape']} | {r['column']} | {r['timing']} | {r['us']:.1f} | {r['tflops']:.0f} | "
+                     f"{r['ratio']:.3f} | {spread} | {clock} | {power} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=["4096x4096x4096", "8192x8192x8192"])
@@ -122,8 +176,8 @@ def main() -> int:
                         help="build folders whose wgmma_persistent to time (default: this repo's, as users load it)")
     parser.add_argument("--rungs", nargs="+", default=["wgmma_persistent"],
                         help="rungs (or variants, as the benchmark names them) of each kernel to time")
-    parser.add_argument("--no-kernel", action="store_true", help="leave out the package's wgmma_persistent")
-    parser.add_argument("--out", type=Path, help="write speed_of_light.json here")
+    parser.add_argument("--no-kernel", action="store_true", help="time the k-loop and torch.matmul only")
+    parser.add_argument("--out", type=Path, help="write speed_of_light.json (environment and rows) here")
     args = parser.parse_args()
     if args.rounds < 1 or any(c < 1 for c in args.ctas):
         parser.error("--rounds and every --ctas must be at least 1")
@@ -141,14 +195,17 @@ def main() -> int:
         parser.error(f"--ctas {max(args.ctas)}: this GPU has {sms} SMs, one CTA each")
     with tempfile.TemporaryDirectory() as tmp:
         kloop = KLoop(compile_cubin(Path(tmp)))
-    kernels = {}  # column label (after the rung's name) -> loaded package
+    kernels, how = {}, None  # column label (after the rung's name) -> loaded package; how the first loaded
     if args.builds:
         from compare_builds import load_build
-        kernels = {f" ({folder.name})": load_build(folder) for folder in args.builds}
+        kernels, how = {f" ({folder.name})": load_build(folder) for folder in args.builds}, "kernels.get_local_kernel"
     elif not args.no_kernel:
         from matmul_checks import load_kernel
-        kernels = {"": load_kernel()[0]}
-    warm_up_gpu()
+        pm, how = load_kernel()
+        kernels = {"": pm}
+    env = environment(next(iter(kernels.values()), None), how)
+    warm_up_gpu()  # first, so the header's SM clock and power are those under load
+    env.update(gpu_clocks())
     rows = []
     for m, n, k in (parse_shape(s) for s in args.shapes):
         inputs = rotated_inputs(m, n, k, torch.bfloat16)
@@ -159,46 +216,17 @@ def main() -> int:
                 columns[rung + label] = (lambda pm, rung: lambda i: run_variant(pm, rung, *inputs[i % len(inputs)],
                                                                                 out))(pm, rung)
         columns.update(k_loop_columns(kloop, m, n, k, args.ctas, sms))
-        calls = {}
-        for name, fn in columns.items():
-            fn(0)
-            torch.cuda.synchronize()
-            calls[name] = calls_per_batch(time_per_call(fn, 1, 1))
-        times = {name: [] for name in columns}
-        for r in range(args.rounds):
-            order = list(columns)
-            random.Random(r).shuffle(order)
-            for name in order:
-                times[name].append(time_per_call(columns[name], calls[name], 2))
-        flop = 2.0 * m * n * k
-        base = statistics.median(times["torch.matmul"])
-        for name in columns:
-            s = statistics.median(times[name])
-            rows.append({"shape": f"{m}x{n}x{k}", "column": name, "timing": "benchmark", "us": s * 1e6,
-                         "tflops": flop / s / 1e12, "ratio": base / s,
-                         "spread": (max(times[name]) - min(times[name])) / s})
+        rows += benchmark_rows(columns, (m, n, k), args.rounds)
         if args.seconds > 0:
-            torch_s = None
-            for name, fn in columns.items():
-                for i in range(20):
-                    fn(i)
-                torch.cuda.synchronize()
-                s, clock, power, _ = sampled(fn, args.seconds)
-                torch_s = s if name == "torch.matmul" else torch_s
-                rows.append({"shape": f"{m}x{n}x{k}", "column": name, "timing": "sustained", "us": s * 1e6,
-                             "tflops": flop / s / 1e12, "ratio": torch_s / s, "sm_clock_mhz": clock,
-                             "power_w": power})
+            rows += sustained_rows(columns, (m, n, k), args.seconds)
         del inputs
         torch.cuda.empty_cache()
-    print(f"{torch.cuda.get_device_name(0)}, {sms} SMs, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    print("| shape | column | timing | us per call | TFLOP/s | ratio to torch.matmul | spread | SM clock (MHz) | power (W) |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['shape']} | {r['column']} | {r['timing']} | {r['us']:.1f} | {r['tflops']:.0f} | {r['ratio']:.3f} | "
-              f"{r.get('spread', 0) * 100:.1f}% | {r.get('sm_clock_mhz', 0):.0f} | {r.get('power_w', 0):.0f} |")
+    print("\n".join(environment_lines(env)))
+    print(f"- k-loop: benchmarks/speed_of_light.cu, {sms} SMs; bf16, B row-major K x N\n")
+    print(markdown(rows))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "speed_of_light.json").write_text(json.dumps(rows, indent=1))
+        (args.out / "speed_of_light.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     return 0
 
 

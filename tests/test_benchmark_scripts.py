@@ -140,3 +140,16 @@ def test_speed_of_light_kernel_compiles_to_hgmma(tmp_path):
     for kernel in ("wgmma_k_loop_b_kmajor", "wgmma_k_loop_b_nmajor"):
         body = sass.split(f"Function : {kernel}")[1].split("Function :")[0]
         assert body.count("HGMMA.64x256x16.F32.BF16") >= 4, kernel
+
+
+def test_speed_of_light_table_shows_clock_and_power_only_where_sampled():
+    from speed_of_light import markdown
+
+    rows = [{"shape": "64x64x64", "column": "k-loop even@132", "timing": "benchmark", "us": 10.0, "tflops": 0.05,
+             "ratio": 1.25, "spread": 0.02},
+            {"shape": "64x64x64", "column": "torch.matmul", "timing": "sustained", "us": 12.5, "tflops": 0.04,
+             "ratio": 1.0, "sm_clock_mhz": 1500.4, "power_w": 690.2}]
+    lines = markdown(rows).splitlines()
+    assert len(lines) == 4
+    assert lines[2] == "| 64x64x64 | k-loop even@132 | benchmark | 10.0 | 0 | 1.250 | 2.0% |  |  |"
+    assert lines[3] == "| 64x64x64 | torch.matmul | sustained | 12.5 | 0 | 1.000 |  | 1500 | 690 |"
