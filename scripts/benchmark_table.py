@@ -94,6 +94,22 @@ def time_per_call(fn, calls_per_batch: int, batches: int) -> float:
     return statistics.median(times)
 
 
+def interleaved_times(runners: dict, calls: dict, batches: dict, rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of each runner (name -> fn(i)) in each of `rounds` rounds:
+    every round times each runner once (time_per_call with its calls per batch and
+    batches), in an order shuffled per round with the round as seed, the same for
+    every run. In a fixed order each column always ran after the same one, and two
+    tile orders of one rung traded a 4-5% lead when their columns traded places
+    (2026-11-30, benchmarks/NOTES.md)."""
+    times = {name: [] for name in runners}
+    for r in range(rounds):
+        order = list(runners)
+        random.Random(r).shuffle(order)
+        for name in order:
+            times[name].append(time_per_call(runners[name], calls[name], batches[name]))
+    return times
+
+
 def geomean(values: list[float]) -> float:
     """The geometric mean of positive numbers."""
     return math.exp(sum(math.log(v) for v in values) / len(values))
@@ -118,11 +134,8 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
                 rounds: int = 3) -> dict:
     """One shape: every column timed in each of `rounds` interleaved rounds
     (torch.matmul, rung 1, rung 2, ..., then again), the median round kept, so a
-    clock that drifts under the power limit shifts every column alike. Each
-    round runs the columns in its own shuffled order (seeded: the same for
-    every run): in a fixed order each column always ran after the same one, and
-    two tile orders of one rung traded a 4-5% lead when their columns traded
-    places (2026-11-30, benchmarks/NOTES.md)."""
+    clock that drifts under the power limit shifts every column alike; each
+    round in its own seeded shuffled order (interleaved_times)."""
     flop = 2.0 * m * n * k
     inputs = rotated_inputs(m, n, k, dtype)
     sets = len(inputs)
@@ -140,7 +153,7 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
     names = [name for name in ["torch.matmul", *rungs] if not (name == "naive" and flop > NAIVE_MAX_FLOP)]
     if "naive" in rungs and "naive" not in names:
         row["results"]["naive"] = {"skipped": f"over {NAIVE_MAX_FLOP:.0e} FLOP"}
-    calls, batches, times = {}, {}, {name: [] for name in names}
+    calls, batches = {}, {}
     for name in names:  # each column once: its error, and the batch size for >= ~2 ms batches
         fn = runner(name)
         fn(0)
@@ -150,11 +163,7 @@ def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str]
         probe = time_per_call(fn, 1, 1)
         calls[name] = calls_per_batch(probe)
         batches[name] = 5 if probe < 0.05 else 2
-    for r in range(rounds):
-        order = list(names)
-        random.Random(r).shuffle(order)
-        for name in order:
-            times[name].append(time_per_call(runner(name), calls[name], batches[name]))
+    times = interleaved_times({name: runner(name) for name in names}, calls, batches, rounds)
     for name in names:
         seconds = statistics.median(times[name])
         row["results"][name].update(ms=seconds * 1e3, tflops=flop / seconds / 1e12,

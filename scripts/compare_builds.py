@@ -26,7 +26,6 @@ may then be the baseline's own folder):
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from benchmark_table import (  # noqa: E402
-    calls_per_batch, geomean, parse_shape, rotated_inputs, time_per_call, warm_up_gpu)
+    calls_per_batch, geomean, interleaved_times, parse_shape, rotated_inputs, time_per_call, warm_up_gpu)
 from matmul_checks import environment, environment_lines, rel_error, run_variant  # noqa: E402
 
 DEFAULT_SHAPES = ["4096x4096x4096", "8192x8192x8192", "4096x11008x4096", "4096x4096x11008", "8192x8192x1024",
@@ -73,12 +72,7 @@ def compare_shape(builds: dict, rung: str, shape: tuple[int, int, int], dtype: t
         torch.cuda.synchronize()
         errors[label] = rel_error(out, reference)
         calls[label] = calls_per_batch(time_per_call(fn, 1, 1))
-    times = {label: [] for label in runners}
-    for r in range(rounds):
-        order = list(runners)
-        random.Random(r).shuffle(order)
-        for label in order:
-            times[label].append(time_per_call(runners[label], calls[label], 3))
+    times = interleaved_times(runners, calls, dict.fromkeys(runners, 3), rounds)
     return {"errors": errors, "times": times}
 
 

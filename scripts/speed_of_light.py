@@ -36,7 +36,6 @@ import argparse
 import ctypes
 import json
 import math
-import random
 import statistics
 import subprocess
 import sys
@@ -48,8 +47,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
-from benchmark_table import (calls_per_batch, parse_shape, rotated_inputs, time_per_call,  # noqa: E402
-                             warm_up_gpu)
+from benchmark_table import (calls_per_batch, interleaved_times, parse_shape, rotated_inputs,  # noqa: E402
+                             time_per_call, warm_up_gpu)
 from matmul_checks import environment, environment_lines, gpu_clocks, run_variant  # noqa: E402
 from sustained_run import sampled  # noqa: E402
 
@@ -121,12 +120,7 @@ def benchmark_rows(columns: dict, shape: tuple[int, int, int], rounds: int) -> l
         fn(0)
         torch.cuda.synchronize()
         calls[name] = calls_per_batch(time_per_call(fn, 1, 1))
-    times = {name: [] for name in columns}
-    for r in range(rounds):
-        order = list(columns)
-        random.Random(r).shuffle(order)
-        for name in order:
-            times[name].append(time_per_call(columns[name], calls[name], 2))
+    times = interleaved_times(columns, calls, dict.fromkeys(columns, 2), rounds)
     base = statistics.median(times["torch.matmul"])
     rows = []
     for name, ts in times.items():

@@ -153,3 +153,25 @@ def test_speed_of_light_table_shows_clock_and_power_only_where_sampled():
     assert len(lines) == 4
     assert lines[2] == "| 64x64x64 | k-loop even@132 | benchmark | 10.0 | 0 | 1.250 | 2.0% |  |  |"
     assert lines[3] == "| 64x64x64 | torch.matmul | sustained | 12.5 | 0 | 1.000 |  | 1500 | 690 |"
+
+
+def test_interleaved_times_times_every_column_once_a_round_in_a_seeded_order(monkeypatch):
+    """The benchmark, compare_builds and speed_of_light share this loop: each round
+    times every column once, in an order shuffled per round but the same from run
+    to run, and each column's times are its own."""
+    import benchmark_table
+
+    timed = []
+    monkeypatch.setattr(benchmark_table, "time_per_call",
+                        lambda fn, calls, batches: timed.append((fn(0), calls, batches)) or fn(0) * 10 + calls)
+    runners = {name: (lambda v: lambda i: v)(v) for v, name in enumerate(["torch.matmul", "tiled", "wgmma", "k-loop"])}
+    calls = {"torch.matmul": 1, "tiled": 2, "wgmma": 3, "k-loop": 4}
+    times = benchmark_table.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
+    assert times == {name: [v * 10 + calls[name]] * 3 for v, name in enumerate(runners)}
+    assert len(timed) == 12 and all(batches == 2 for _, _, batches in timed)
+    orders = [[v for v, _, _ in timed[r * 4:(r + 1) * 4]] for r in range(3)]
+    assert all(sorted(order) == [0, 1, 2, 3] for order in orders)
+    assert len({tuple(order) for order in orders}) > 1  # shuffled per round
+    timed.clear()
+    benchmark_table.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
+    assert [[v for v, _, _ in timed[r * 4:(r + 1) * 4]] for r in range(3)] == orders  # the same every run
