@@ -175,3 +175,31 @@ def test_interleaved_times_times_every_column_once_a_round_in_a_seeded_order(mon
     timed.clear()
     benchmark_table.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
     assert [[v for v, _, _ in timed[r * 4:(r + 1) * 4]] for r in range(3)] == orders  # the same every run
+
+
+def _speed_of_light(repo_root, env, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / "speed_of_light.py"), *args], cwd=repo_root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_speed_of_light_names_bad_arguments(repo_root, subprocess_env, tmp_path):
+    cases = [(["--rounds", "0"], "--rounds and every --ctas must be at least 1"),
+             (["--ctas", "0"], "--rounds and every --ctas must be at least 1"),
+             (["--builds", str(tmp_path)], "holds no build"),
+             (["--builds", "build", "--no-kernel"], "--builds and --no-kernel exclude each other")]
+    for args, message in cases:
+        result = _speed_of_light(repo_root, subprocess_env, *args)
+        assert result.returncode == 2, (args, result.stderr[-2000:])
+        assert message in result.stderr, (args, result.stderr[-2000:])
+
+
+def test_speed_of_light_says_it_needs_a_hopper_gpu(repo_root, subprocess_env):
+    """On a machine without an sm_90 GPU (CI's), a clear refusal rather than a driver error."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0):
+        import pytest
+        pytest.skip("this machine has the GPU the script needs")
+    result = _speed_of_light(repo_root, subprocess_env, "--no-kernel")
+    assert result.returncode == 2
+    assert "needs a compute capability 9.0 GPU" in result.stderr
