@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from benchmark_table import (calls_per_batch, interleaved_times, parse_shape, rotated_inputs,  # noqa: E402
                              time_per_call, warm_up_gpu)
 from matmul_checks import environment, environment_lines, gpu_clocks, run_variant  # noqa: E402
-from sustained_run import sampled  # noqa: E402
+from sustained_run import sustained_columns  # noqa: E402
 
 BM, BN, BK = 128, 256, 64  # hopper::WideTile
 STAGE_BYTES, STAGES = (BM + BN) * BK * 2, 4
@@ -134,17 +134,9 @@ def benchmark_rows(columns: dict, shape: tuple[int, int, int], rounds: int) -> l
 def sustained_rows(columns: dict, shape: tuple[int, int, int], seconds: float) -> list[dict]:
     """Each column back to back for `seconds`, with nvidia-smi's SM clock and power
     (sustained_run.py): one row per column, torch.matmul's first."""
-    rows, torch_s = [], None
-    for name, fn in columns.items():
-        for i in range(20):  # warm: clocks up after the previous column
-            fn(i)
-        torch.cuda.synchronize()
-        s, clock, power, _ = sampled(fn, seconds)
-        torch_s = s if name == "torch.matmul" else torch_s
-        rows.append({"shape": "x".join(map(str, shape)), "column": name, "timing": "sustained", "us": s * 1e6,
-                     "tflops": 2.0 * math.prod(shape) / s / 1e12, "ratio": torch_s / s, "sm_clock_mhz": clock,
-                     "power_w": power})
-    return rows
+    return [{"shape": "x".join(map(str, shape)), "column": name, "timing": "sustained", "us": s * 1e6,
+             "tflops": 2.0 * math.prod(shape) / s / 1e12, "ratio": ratio, "sm_clock_mhz": clock, "power_w": power}
+            for name, s, clock, power, ratio in sustained_columns(columns, seconds)]
 
 
 def markdown(rows: list[dict]) -> str:

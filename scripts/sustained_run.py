@@ -51,6 +51,20 @@ def sampled(fn, seconds: float) -> tuple[float, float, float, int]:
     return start.elapsed_time(end) / 1e3 / calls, clock, power, len(values)
 
 
+def sustained_columns(columns: dict, seconds: float):
+    """Each column (name -> fn(i)), in order, warmed with 20 calls and then run back
+    to back for `seconds` (sampled): yields (name, seconds per call, SM clock in MHz,
+    power in W, ratio to torch.matmul), torch.matmul's column first."""
+    torch_s = None
+    for name, fn in columns.items():
+        for i in range(20):  # warm: tensor maps, occupancy, clocks up
+            fn(i)
+        torch.cuda.synchronize()
+        s, clock, power, _ = sampled(fn, seconds)
+        torch_s = s if name == "torch.matmul" else torch_s
+        yield name, s, clock, power, torch_s / s
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rungs", nargs="*", default=["wgmma_persistent", "wgmma_persistent-cluster1"])
@@ -72,15 +86,9 @@ def main() -> int:
         for name in args.rungs:
             columns[name] = (lambda name: lambda i: run_variant(pm, name, *sets[i % 4], out))(name)
         for r in range(args.rounds):
-            torch_s = None
-            for name, fn in columns.items():
-                for i in range(20):  # warm: tensor maps, occupancy, clocks up
-                    fn(i)
-                torch.cuda.synchronize()
-                s, clock, power, _ = sampled(fn, args.seconds)
-                torch_s = s if name == "torch.matmul" else torch_s
+            for name, s, clock, power, ratio in sustained_columns(columns, args.seconds):
                 print(f"| {m}x{n}x{k} | {name} | {r} | {s * 1e6:.1f} | {2 * m * n * k / s / 1e12:.0f} | "
-                      f"{torch_s / s:.3f} | {clock:.0f} | {power:.0f} |", flush=True)
+                      f"{ratio:.3f} | {clock:.0f} | {power:.0f} |", flush=True)
     return 0
 
 

@@ -203,3 +203,19 @@ def test_speed_of_light_says_it_needs_a_hopper_gpu(repo_root, subprocess_env):
     result = _speed_of_light(repo_root, subprocess_env, "--no-kernel")
     assert result.returncode == 2
     assert "needs a compute capability 9.0 GPU" in result.stderr
+
+
+def test_sustained_columns_warm_each_column_and_take_ratios_to_torch(monkeypatch):
+    """sustained_run.py and speed_of_light.py share this loop: 20 warm calls per
+    column, then its sampled run; ratios are torch.matmul's time over the column's."""
+    import sustained_run
+
+    calls = []
+    monkeypatch.setattr(sustained_run.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(sustained_run, "sampled", lambda fn, seconds: (fn(-1), 1500.0, 690.0, 10))
+    columns = {"torch.matmul": lambda i: calls.append(("torch", i)) or 2.0,
+               "k-loop": lambda i: calls.append(("k-loop", i)) or 1.0}
+    rows = list(sustained_run.sustained_columns(columns, 3.0))
+    assert rows == [("torch.matmul", 2.0, 1500.0, 690.0, 1.0), ("k-loop", 1.0, 1500.0, 690.0, 2.0)]
+    assert calls == [("torch", i) for i in range(20)] + [("torch", -1)] + \
+        [("k-loop", i) for i in range(20)] + [("k-loop", -1)]
