@@ -1,8 +1,8 @@
 // Device helpers shared by the kernel rungs: element conversions to and from
-// the fp32 accumulator, integer helpers for grid arithmetic, flags one CTA
-// sets for another, and the sm_90
-// (Hopper and newer, not only sm_90a) shared-memory stores and bulk copies
-// of the epilogues that stage output tiles in shared memory.
+// the fp32 accumulator, the mma.sync tensor-core instruction, integer helpers
+// for grid arithmetic, flags one CTA sets for another, and the sm_90 (Hopper
+// and newer, not only sm_90a) shared-memory stores and bulk copies of the
+// epilogues that stage output tiles in shared memory.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,28 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+
+// d += a (16 x 16, row-major fragments) * b (16 x 8, column-major fragments),
+// fp32 accumulators: mma.sync m16n8k16 (sm_80 and newer).
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Copies the first `bytes` (even, 0..16) of the 16-byte chunk at src (16-byte

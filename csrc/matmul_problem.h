@@ -86,6 +86,12 @@ TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device);
 cudaError_t launch_wgmma(const MatmulProblem& problem, cudaStream_t stream);
 cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t stream);
 TileConfig wgmma_tile_config(int64_t m, int64_t n, int device);
+// Rung 7: skinny products (decode shapes), the weights as mma.sync's A
+// operand, K split over each CTA's warps. bf16/fp16; A K-contiguous, B
+// K-major, leading dims multiples of 8 elements, 16-byte-aligned bases
+// (splitk_operands_ok says whether they are).
+cudaError_t launch_splitk(const MatmulProblem& problem, cudaStream_t stream);
+bool splitk_operands_ok(const MatmulProblem& problem);
 
 // The rows of every wgmma tile (wgmma_launch.cuh checks it).
 constexpr int64_t kWgmmaTileRows = 128;
