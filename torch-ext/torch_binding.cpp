@@ -1,121 +1,112 @@
-// Registration of the persistent_matmul ops through torch's stable ABI, and
-// the one place where torch tensors become the plain MatmulProblem that the
-// CUDA rungs take.
+// The op entry of persistent_matmul, through torch's stable ABI: every call's
+// checks, the rung choice, operand copies where a rung cannot read a layout,
+// the output allocation and the launch, in C++, so a call costs the host
+// about what one of torch's own ops does (the Python package only explains
+// errors: when an op raises, it re-checks the arguments and raises the
+// precise exception naming the argument).
+//
+// Ops (schemas at the end of the file):
+//   linear_fwd(x, weight, bias, kernel) -> out     x @ weight.T + bias, any leading dims of x
+//   matmul(a, b, kernel) -> out                    a @ b
+//   matmul_out(a, b, bias, out, kernel, tile_order, cluster_size, timeline)
+//                                                  a @ b + bias into out, with the persistent
+//                                                  rungs' options and the instrumented build
+//   choose_kernel(...), operands_for(...), tile_config(...): the rung choice, the operand
+//   preparation and the tile configuration, for tests and tools.
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/headeronly/util/Exception.h>
 
+#include <algorithm>
+#include <array>
 #include <map>
 #include <mutex>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "matmul_problem.h"
 #include "registration.h"
+#include "rungs.h"
 #include "torch_binding.h"
 
 namespace {
 
+using persistent_matmul::DeviceFacts;
 using persistent_matmul::ElementType;
 using persistent_matmul::MatmulProblem;
+using persistent_matmul::Rung;
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-ElementType element_type_of(const Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
+// Grid dimensions and tile counts are 32-bit.
+constexpr int64_t kMaxDim = 2147483647;
+
+// ------------------------------------------------------------------ arguments
+
+std::optional<ElementType> element_type_of(ScalarType t) {
+  switch (t) {
     case ScalarType::Float: return ElementType::kFloat32;
     case ScalarType::Half: return ElementType::kFloat16;
     case ScalarType::BFloat16: return ElementType::kBFloat16;
-    default:
-      STD_TORCH_CHECK(false, "persistent_matmul: ", name,
-                      " must be float32, float16 or bfloat16");
+    default: return std::nullopt;
   }
-  return ElementType::kFloat32;  // unreachable
 }
 
-void check_cuda_on(const Tensor& t, const char* name, int32_t device) {
+std::string kernel_choices() {
+  std::string s = "auto";
+  for (auto name : persistent_matmul::kRungNames) s.append(", ").append(name);
+  return s;
+}
+
+// "auto" (nullopt) or a rung.
+std::optional<Rung> parse_kernel(const std::string& kernel) {
+  if (kernel == "auto") return std::nullopt;
+  const auto rung = persistent_matmul::rung_named(kernel);
+  STD_TORCH_CHECK(rung.has_value(), "persistent_matmul: unknown kernel '", kernel, "'; choose one of: ",
+                  kernel_choices());
+  return rung;
+}
+
+// A CUDA tensor of a supported dtype with `dims` dims and sizes a kernel can index.
+void check_operand(const Tensor& t, const char* name, int64_t min_dims, int64_t max_dims) {
+  STD_TORCH_CHECK(t.dim() >= min_dims && t.dim() <= max_dims, "persistent_matmul: ", name, " must have ",
+                  min_dims == max_dims ? std::to_string(min_dims) : std::to_string(min_dims) + " to " +
+                  std::to_string(max_dims), " dims, got ", t.dim());
+  STD_TORCH_CHECK(element_type_of(t.scalar_type()).has_value(), "persistent_matmul: ", name,
+                  " must be float32, float16 or bfloat16");
   STD_TORCH_CHECK(t.is_cuda(), "persistent_matmul: ", name, " must be a CUDA tensor");
-  STD_TORCH_CHECK(t.get_device_index() == device, "persistent_matmul: ", name,
-                  " is on cuda:", t.get_device_index(), " but a is on cuda:", device);
-}
-
-MatmulProblem describe(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias,
-                       const Tensor& out) {
-  STD_TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2,
-                  "persistent_matmul: a, b and out must be 2-D");
-  STD_TORCH_CHECK(a.is_cuda(), "persistent_matmul: a must be a CUDA tensor");
-  const int32_t device = a.get_device_index();
-  check_cuda_on(b, "b", device);
-  check_cuda_on(out, "out", device);
-  MatmulProblem p;
-  p.m = a.size(0);
-  p.k = a.size(1);
-  p.n = b.size(1);
-  STD_TORCH_CHECK(b.size(0) == p.k, "persistent_matmul: a is ", p.m, "x", p.k, " but b is ",
-                  b.size(0), "x", p.n);
-  STD_TORCH_CHECK(out.size(0) == p.m && out.size(1) == p.n, "persistent_matmul: out must be ",
-                  p.m, "x", p.n);
-  p.dtype = element_type_of(a, "a");
-  STD_TORCH_CHECK(element_type_of(b, "b") == p.dtype && element_type_of(out, "out") == p.dtype,
-                  "persistent_matmul: a, b and out must have the same dtype");
-  p.a = a.data_ptr();
-  p.a_stride_m = a.stride(0);
-  p.a_stride_k = a.stride(1);
-  p.b = b.data_ptr();
-  p.b_stride_k = b.stride(0);
-  p.b_stride_n = b.stride(1);
-  p.out = out.data_ptr();
-  p.out_stride_m = out.stride(0);
-  p.out_stride_n = out.stride(1);
-  if (bias.has_value()) {
-    const Tensor& bias_t = *bias;
-    check_cuda_on(bias_t, "bias", device);
-    STD_TORCH_CHECK(bias_t.dim() == 1 && bias_t.size(0) == p.n && (p.n <= 1 || bias_t.stride(0) == 1),
-                    "persistent_matmul: bias must be a contiguous 1-D tensor of ", p.n, " elements");
-    STD_TORCH_CHECK(element_type_of(bias_t, "bias") == p.dtype,
-                    "persistent_matmul: bias must have the dtype of a");
-    p.bias = bias_t.data_ptr();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    STD_TORCH_CHECK(t.size(d) <= kMaxDim, "persistent_matmul: ", name, " has size ", t.size(d), " in dim ", d,
+                    "; at most ", kMaxDim, " is supported");
   }
-  return p;
 }
 
-using Launcher = cudaError_t (*)(const MatmulProblem&, cudaStream_t);
-using TileConfigOf = persistent_matmul::TileConfig (*)(int64_t m, int64_t n, int device);
-
-// Checks the operands of a tensor-core rung and attaches the timeline buffer,
-// which needs one row per output tile of the rung's tile configuration.
-void prepare_tensor_core(MatmulProblem& problem, const Tensor& a, const std::optional<Tensor>& timeline,
-                         TileConfigOf tile_config_of = persistent_matmul::tensor_core_tile_config) {
-  STD_TORCH_CHECK(problem.dtype != ElementType::kFloat32,
-                  "persistent_matmul: the tensor-core rungs take float16 and bfloat16, not float32");
-  STD_TORCH_CHECK(persistent_matmul::tensor_core_operands_ok(problem),
-                  "persistent_matmul: operand layout not taken by the tensor-core rungs (A needs K "
-                  "contiguous, B K or N contiguous, leading dims multiples of 8, 16-byte aligned data); "
-                  "persistent_matmul.matmul copies such operands first");
-  if (!timeline.has_value()) return;
-  const Tensor& t = *timeline;
-  check_cuda_on(t, "timeline", a.get_device_index());
-  const auto cfg = tile_config_of(problem.m, problem.n, a.get_device_index());
-  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Long && t.dim() == 2 && t.size(0) == cfg.tiles &&
-                      t.size(1) == 6 && t.stride(0) == 6 && t.stride(1) == 1,
-                  "persistent_matmul: timeline must be a contiguous int64 tensor of shape [", cfg.tiles, ", 6]");
-  problem.timeline = t.data_ptr();
+void check_same(const Tensor& t, const char* name, const Tensor& first, const char* first_name) {
+  STD_TORCH_CHECK(t.scalar_type() == first.scalar_type(), "persistent_matmul: ", name, " and ", first_name,
+                  " must have the same dtype");
+  STD_TORCH_CHECK(t.get_device_index() == first.get_device_index(), "persistent_matmul: ", name, " is on cuda:",
+                  t.get_device_index(), " but ", first_name, " is on cuda:", first.get_device_index());
 }
 
-// The Hopper rungs have machine code for sm_90a only.
-void check_hopper(int32_t device) {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  STD_TORCH_CHECK(major == 9 && minor == 0, "persistent_matmul: the wgmma rungs need a Hopper GPU (compute capability "
-                  "9.0); cuda:", device, " is ", major, ".", minor);
-}
+// ------------------------------------------------------------------ devices
 
-void check_tile_order(int64_t tile_order) {
-  STD_TORCH_CHECK(tile_order >= 0 && tile_order <= 3,
-                  "persistent_matmul: tile_order must be 0 (grouped), 1 (Hilbert), 2 (dynamic) or 3 (split tail), got ",
-                  tile_order);
+// A device's facts, asked of the runtime once per device: they do not change,
+// and each query costs host time on every call otherwise.
+const DeviceFacts& device_facts(int32_t device) {
+  constexpr int kDevices = 64;
+  static std::array<DeviceFacts, kDevices> facts;
+  static std::array<std::once_flag, kDevices> once;
+  STD_TORCH_CHECK(device >= 0 && device < kDevices, "persistent_matmul: device index ", device, " out of range");
+  std::call_once(once[device], [device] {
+    DeviceFacts& f = facts[device];
+    cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
+  });
+  return facts[device];
 }
 
 cudaStream_t current_stream(int32_t device) {
@@ -125,6 +116,114 @@ cudaStream_t current_stream(int32_t device) {
   return static_cast<cudaStream_t>(stream);
 }
 
+// ------------------------------------------------------------------ operands
+
+// A matrix as the kernels address it: element strides of its rows and columns.
+struct View {
+  void* data = nullptr;
+  int64_t rows = 0, cols = 0, row_stride = 0, col_stride = 0;
+};
+
+View view_of(const Tensor& t) { return {t.data_ptr(), t.size(0), t.size(1), t.stride(0), t.stride(1)}; }
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether the chunked rungs read `a` (M x K) directly: K contiguous, rows that
+// start 16-byte aligned and do not overlap (the Hopper rungs' tensor maps need that).
+bool a_readable(const View& a, int chunk) {
+  return aligned16(a.data) && (a.col_stride == 1 || a.cols == 1) &&
+         (a.rows == 1 || (a.row_stride % chunk == 0 && a.row_stride >= a.cols));
+}
+
+// Whether B (K x N) is K-major (column n's K values contiguous, as nn.Linear's
+// weight, transposed) or N-major (a row-major b) in a layout the chunked rungs read.
+bool b_kmajor(const View& b, int chunk) {
+  return (b.row_stride == 1 || b.rows == 1) && (b.cols == 1 || (b.col_stride % chunk == 0 && b.col_stride >= b.rows));
+}
+bool b_nmajor(const View& b, int chunk) {
+  return (b.col_stride == 1 || b.cols == 1) && (b.rows == 1 || (b.row_stride % chunk == 0 && b.row_stride >= b.cols));
+}
+
+// A copy of `v` (of `like`'s dtype and device) that the chunked rungs read:
+// contiguous along its columns (rows_contiguous: each row's elements adjacent)
+// or along its rows, the other stride rounded up to 8 chunks (128 bytes) so
+// every line starts on a cache line (16 bytes would do for correctness; at
+// 4097^3 rows 8208 bytes apart ran the wgmma rung at 270 TFLOP/s on the H200).
+Tensor padded_copy(const Tensor& like, const View& v, bool rows_contiguous, int chunk) {
+  const int64_t lines = rows_contiguous ? v.rows : v.cols;
+  const int64_t line = rows_contiguous ? v.cols : v.rows;
+  const int64_t padded = std::max(round_up(line, 8 * chunk), int64_t(chunk));
+  Tensor buffer = torch::stable::new_empty(like, {lines, padded});
+  Tensor copy = torch::stable::narrow(buffer, 1, 0, line);
+  if (!rows_contiguous) copy = torch::stable::transpose(copy, 0, 1);
+  const Tensor source = torch::stable::from_blob(v.data, {v.rows, v.cols}, {v.row_stride, v.col_stride},
+                                                 like.device(), like.scalar_type());
+  torch::stable::copy_(copy, source);
+  return copy;
+}
+
+// a and b as a rung that reads 16-byte chunks takes them, copying only what it
+// cannot read: a transposed A, a leading dimension like 4097, an odd offset.
+// `need_kmajor` asks for a K-major B (splitk reads weight rows).
+struct Prepared {
+  View a, b;
+  std::optional<Tensor> a_copy, b_copy;  // must outlive the launch
+};
+
+Prepared prepare_operands(const Tensor& like, const View& a, const View& b, int chunk, bool need_kmajor) {
+  Prepared out{a, b, std::nullopt, std::nullopt};
+  if (!a_readable(a, chunk)) {
+    out.a_copy = padded_copy(like, a, /*rows_contiguous=*/true, chunk);
+    out.a = view_of(*out.a_copy);
+  }
+  const bool kmajor = b_kmajor(b, chunk);
+  if (!aligned16(b.data) || !(kmajor || (!need_kmajor && b_nmajor(b, chunk)))) {
+    // Keep B's orientation where it has one (K contiguous stays K contiguous).
+    const bool rows_contiguous = !need_kmajor && b.row_stride != 1;
+    out.b_copy = padded_copy(like, b, rows_contiguous, chunk);
+    out.b = view_of(*out.b_copy);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ memory checks (out)
+
+// Byte range [start, end) a strided tensor's elements occupy.
+std::pair<uintptr_t, uintptr_t> span(const Tensor& t) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const auto start = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return {start, start + uintptr_t(last + 1) * t.element_size()};
+}
+
+bool may_overlap(const Tensor& x, const Tensor& y) {
+  if (x.numel() == 0 || y.numel() == 0) return false;
+  const auto [a0, a1] = span(x);
+  const auto [b0, b1] = span(y);
+  return a0 < b1 && b0 < a1;
+}
+
+// Whether two elements of a 2-D tensor may share an address (an expanded one, say).
+bool internal_overlap(const Tensor& t) {
+  if (t.numel() == 0 || t.is_contiguous()) return false;
+  std::array<std::pair<int64_t, int64_t>, 2> dims{};  // (stride, size) of dims with size > 1
+  int used = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims[used++] = {t.stride(d), t.size(d)};
+  }
+  std::sort(dims.begin(), dims.begin() + used);
+  int64_t reach = 0;
+  for (int i = 0; i < used; ++i) {
+    if (dims[i].first <= reach) return true;
+    reach += dims[i].first * (dims[i].second - 1);
+  }
+  return false;
+}
+
+// ------------------------------------------------------------------ scratch memory of the tile orders
+
 // The persistent rungs' scratch memory for one launch: the dynamic and
 // split-tail orders' tile counter (a uint32, in the first 16 bytes), then the
 // split-tail order's workspace (matmul_problem.h: the partial-sum slots of
@@ -133,15 +232,11 @@ cudaStream_t current_stream(int32_t device) {
 // wait_and_clear_flag).
 constexpr int64_t kCounterBytes = 16;
 
-int64_t scratch_bytes(int32_t device) {
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+int64_t scratch_bytes(int sms) {
   return kCounterBytes + sms * (persistent_matmul::kSplitPartialBytesPerSm + persistent_matmul::kSplitFlagsPerSm * 4);
 }
 
-void point_at_scratch(MatmulProblem& problem, char* scratch, int32_t device) {
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+void point_at_scratch(MatmulProblem& problem, char* scratch, int sms) {
   problem.tile_counter = reinterpret_cast<uint32_t*>(scratch);
   problem.partials = reinterpret_cast<float*>(scratch + kCounterBytes);
   problem.partial_flags =
@@ -152,14 +247,14 @@ void point_at_scratch(MatmulProblem& problem, char* scratch, int32_t device) {
 // use and kept for the process. Launches on one stream run one after another,
 // so they never share it at the same time; a call costs a lookup, not an
 // allocation and a fill.
-char* stream_scratch(int32_t device, cudaStream_t stream) {
+char* stream_scratch(int32_t device, cudaStream_t stream, int sms) {
   static std::mutex mutex;
   static std::map<std::pair<int32_t, cudaStream_t>, char*> scratches;
   const std::lock_guard<std::mutex> lock(mutex);
   char*& scratch = scratches[{device, stream}];
   if (scratch == nullptr) {
     void* memory = nullptr;
-    const int64_t bytes = scratch_bytes(device);
+    const int64_t bytes = scratch_bytes(sms);
     const cudaError_t err = cudaMalloc(&memory, bytes);
     STD_TORCH_CHECK(err == cudaSuccess && cudaMemsetAsync(memory, 0, bytes, stream) == cudaSuccess,
                     "persistent_matmul: could not allocate the tile orders' scratch memory (", bytes, " bytes): ",
@@ -169,159 +264,347 @@ char* stream_scratch(int32_t device, cudaStream_t stream) {
   return scratch;
 }
 
-// Sets the problem's tile order; the dynamic and split-tail orders also get
-// the scratch memory: the stream's, or while the stream is being captured
-// into a CUDA graph, a fresh zeroed one from torch's allocator (cudaMalloc
-// may not run during capture, and the graph may be replayed on any stream;
-// the zero-fill is part of the graph). That tensor is returned: it must
-// outlive the launch call.
-std::optional<Tensor> set_tile_order(MatmulProblem& problem, const Tensor& a, int64_t tile_order) {
-  check_tile_order(tile_order);
-  problem.tile_order = static_cast<int32_t>(tile_order);
-  if (tile_order != 2 && tile_order != 3) return std::nullopt;
-  const int32_t device = a.get_device_index();
-  torch::stable::accelerator::DeviceGuard guard(device);
-  const cudaStream_t stream = current_stream(device);
+// Points the dynamic and split-tail orders at their scratch memory: the
+// stream's, or while the stream is being captured into a CUDA graph, a fresh
+// zeroed one from torch's allocator (cudaMalloc may not run during capture,
+// and the graph may be replayed on any stream; the zero-fill is part of the
+// graph). That tensor is returned: it must outlive the launch call.
+std::optional<Tensor> attach_scratch(MatmulProblem& problem, const Tensor& like, int32_t device, cudaStream_t stream,
+                                     int sms) {
+  if (problem.tile_order != 2 && problem.tile_order != 3) return std::nullopt;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   STD_TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess,
                   "persistent_matmul: could not query the stream's capture status");
   if (capture == cudaStreamCaptureStatusNone) {
-    point_at_scratch(problem, stream_scratch(device, stream), device);
+    point_at_scratch(problem, stream_scratch(device, stream, sms), sms);
     return std::nullopt;
   }
-  Tensor scratch = torch::stable::new_zeros(a, {scratch_bytes(device)}, ScalarType::Byte);
-  point_at_scratch(problem, static_cast<char*>(scratch.data_ptr()), device);
+  Tensor scratch = torch::stable::new_zeros(like, {scratch_bytes(sms)}, ScalarType::Byte);
+  point_at_scratch(problem, static_cast<char*>(scratch.data_ptr()), sms);
   return scratch;
 }
+
+using TileConfigOf = persistent_matmul::TileConfig (*)(int64_t m, int64_t n, int device);
 
 // The dynamic order's first tile per CTA is the grouped order's (blockIdx.x),
 // so where the grid holds every tile (small products) it assigns exactly what
 // grouped does, and its counter lookup (host) and last claim (device) are pure
 // cost: those launches run grouped. On the H200 the persistent rungs trailed
 // their one-tile-per-CTA twins by 5-8% at 1024^3 and 16x4096x4096 with the
-// counter (2026-11-30). The same holds for the split-tail order, which splits
-// nothing there and whose workspace lookup is then pure cost.
-int64_t order_worth_running(int64_t tile_order, const MatmulProblem& problem, int32_t device,
+// counter. The same holds for the split-tail order, which splits nothing there
+// and whose workspace lookup is then pure cost.
+int32_t order_worth_running(int32_t tile_order, const MatmulProblem& problem, int32_t device,
                             TileConfigOf tile_config_of) {
   if (tile_order != 2 && tile_order != 3) return tile_order;
-  torch::stable::accelerator::DeviceGuard guard(device);  // the occupancy queries ask the current device
   const auto cfg = tile_config_of(problem.m, problem.n, device);
   return cfg.tiles <= cfg.persistent_ctas ? 0 : tile_order;
 }
 
-void launch_on_stream(Launcher launch, const MatmulProblem& problem, int32_t device) {
-  torch::stable::accelerator::DeviceGuard guard(device);
-  const cudaError_t err = launch(problem, current_stream(device));
-  STD_TORCH_CHECK(err == cudaSuccess, "persistent_matmul: kernel launch failed: ", cudaGetErrorString(err));
+// ------------------------------------------------------------------ the product
+
+// Options of matmul_out; linear_fwd and matmul take the defaults.
+struct Options {
+  int64_t tile_order = -1;    // -1: the default, split tail (3)
+  int64_t cluster_size = 0;   // wgmma_persistent: 0 (the kernel picks), 1 or 2
+  const std::optional<Tensor>* timeline = nullptr;
+};
+
+constexpr int32_t kSplitTail = 3;
+
+void check_timeline(MatmulProblem& problem, const Tensor& t, int32_t device, TileConfigOf tile_config_of) {
+  STD_TORCH_CHECK(t.is_cuda() && t.get_device_index() == device, "persistent_matmul: timeline must be on cuda:",
+                  device);
+  const auto cfg = tile_config_of(problem.m, problem.n, device);
+  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Long && t.dim() == 2 && t.size(0) == cfg.tiles &&
+                      t.size(1) == 6 && t.stride(0) == 6 && t.stride(1) == 1,
+                  "persistent_matmul: timeline must be a contiguous int64 tensor of shape [", cfg.tiles, ", 6]");
+  problem.timeline = t.data_ptr();
 }
 
-void run(Launcher launch, const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias,
-         const Tensor& out) {
-  launch_on_stream(launch, describe(a, b, bias, out), a.get_device_index());
+// out = a @ b (+ bias) for views a (M x K) and b (K x N) of tensors on
+// `device`, whose dtype `like` has; K >= 1, M, N >= 1, checked by the caller.
+void multiply(const Tensor& like, View a, View b, const void* bias, const View& out, std::optional<Rung> named,
+              const Options& opt) {
+  const int32_t device = like.get_device_index();
+  const DeviceFacts& facts = device_facts(device);
+  const ElementType dtype = *element_type_of(like.scalar_type());
+  const int64_t m = a.rows, n = b.cols, k = a.cols;
+  Rung rung;
+  if (named.has_value()) {
+    rung = *named;
+    STD_TORCH_CHECK(persistent_matmul::rung_runs_on(rung, facts), "persistent_matmul: kernel '",
+                    persistent_matmul::rung_name(rung), "' does not run on cuda:", device, " (compute capability ",
+                    facts.major, ".", facts.minor, ")");
+    STD_TORCH_CHECK(persistent_matmul::rung_takes(rung, dtype), "persistent_matmul: kernel '",
+                    persistent_matmul::rung_name(rung), "' does not take this dtype");
+  } else {
+    const int chunk = 8;
+    const bool kmajor = aligned16(b.data) && b_kmajor(b, chunk);
+    const auto chosen = persistent_matmul::choose_auto(facts, dtype, m, n, kmajor);
+    STD_TORCH_CHECK(chosen.has_value(), "persistent_matmul: no kernel runs on cuda:", device,
+                    " (compute capability ", facts.major, ".", facts.minor, "; 8.0 or newer is needed)");
+    rung = *chosen;
+  }
+
+  const int chunk = persistent_matmul::rung_chunk_elements(rung);
+  Prepared ops = chunk ? prepare_operands(like, a, b, chunk, rung == Rung::kSplitk) : Prepared{a, b, {}, {}};
+
+  MatmulProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.dtype = dtype;
+  p.a = ops.a.data;
+  p.a_stride_m = ops.a.row_stride;
+  p.a_stride_k = ops.a.col_stride;
+  p.b = ops.b.data;
+  p.b_stride_k = ops.b.row_stride;
+  p.b_stride_n = ops.b.col_stride;
+  p.bias = bias;
+  p.out = out.data;
+  p.out_stride_m = out.row_stride;
+  p.out_stride_n = out.col_stride;
+
+  const bool hopper = rung == Rung::kWgmma || rung == Rung::kWgmmaPersistent;
+  const TileConfigOf tile_config_of =
+      hopper ? persistent_matmul::wgmma_tile_config : persistent_matmul::tensor_core_tile_config;
+  const bool has_timeline = rung == Rung::kTiled || rung == Rung::kPersistent || hopper;
+  if (opt.timeline != nullptr && opt.timeline->has_value()) {
+    STD_TORCH_CHECK(has_timeline, "persistent_matmul: kernel '", persistent_matmul::rung_name(rung),
+                    "' has no instrumented build (no timeline)");
+    check_timeline(p, **opt.timeline, device, tile_config_of);
+  }
+  STD_TORCH_CHECK(opt.tile_order >= -1 && opt.tile_order <= 3,
+                  "persistent_matmul: tile_order must be -1 (the default), 0 (grouped), 1 (Hilbert), 2 (dynamic) or 3 "
+                  "(split tail), got ", opt.tile_order);
+  STD_TORCH_CHECK(opt.cluster_size >= 0 && opt.cluster_size <= 2,
+                  "persistent_matmul: cluster_size must be 0 (the kernel picks), 1 or 2, got ", opt.cluster_size);
+
+  const cudaStream_t stream = current_stream(device);
+  std::optional<Tensor> scratch;
+  cudaError_t err = cudaSuccess;
+  switch (rung) {
+    case Rung::kNaive: err = persistent_matmul::launch_naive(p, stream); break;
+    case Rung::kWarptiled: err = persistent_matmul::launch_warptiled(p, stream); break;
+    case Rung::kTiled: err = persistent_matmul::launch_tiled(p, stream); break;
+    case Rung::kWgmma: err = persistent_matmul::launch_wgmma(p, stream); break;
+    case Rung::kSplitk: err = persistent_matmul::launch_splitk(p, stream); break;
+    case Rung::kPersistent: {
+      const int32_t order = opt.tile_order < 0 ? kSplitTail : int32_t(opt.tile_order);
+      p.tile_order = order_worth_running(order, p, device, tile_config_of);
+      scratch = attach_scratch(p, like, device, stream, facts.sms);
+      err = persistent_matmul::launch_persistent(p, stream);
+      break;
+    }
+    case Rung::kWgmmaPersistent: {
+      int32_t order = opt.tile_order < 0 ? kSplitTail : int32_t(opt.tile_order);
+      STD_TORCH_CHECK(opt.cluster_size != 2 || order != 2,
+                      "persistent_matmul: the dynamic tile order runs without clusters (cluster_size=1, or 0 to let "
+                      "the kernel pick)");
+      p.cluster_size = opt.cluster_size == 0 ? persistent_matmul::wgmma_cluster_size_for(m)
+                                             : static_cast<int32_t>(opt.cluster_size);
+      // Pairs walk a static order: where the kernel picks them, the dynamic
+      // order runs as grouped, and no counter is looked up.
+      if (p.cluster_size == 2 && order == 2) order = 0;
+      p.tile_order = order_worth_running(order, p, device, tile_config_of);
+      scratch = attach_scratch(p, like, device, stream, facts.sms);
+      err = persistent_matmul::launch_wgmma_persistent(p, stream);
+      break;
+    }
+  }
+  STD_TORCH_CHECK(err == cudaSuccess, "persistent_matmul: kernel launch failed (", persistent_matmul::rung_name(rung),
+                  "): ", cudaGetErrorString(err));
 }
 
-void run_tensor_core(Launcher launch, const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias,
-                     const Tensor& out, const std::optional<Tensor>& timeline) {
-  MatmulProblem problem = describe(a, b, bias, out);
-  prepare_tensor_core(problem, a, timeline);
-  launch_on_stream(launch, problem, a.get_device_index());
+// out = bias broadcast over the rows, or zeros: the empty sum (K = 0).
+void fill_empty_sum(Tensor& out, const std::optional<Tensor>& bias) {
+  if (bias.has_value()) {
+    torch::stable::copy_(out, *bias);
+  } else {
+    torch::stable::zero_(out);
+  }
+}
+
+// A contiguous new tensor of `like`'s dtype and device.
+Tensor new_output(const Tensor& like, const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (int64_t d = int64_t(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * std::max<int64_t>(sizes[d + 1], 1);
+  int32_t dtype = 0;
+  STD_TORCH_CHECK(aoti_torch_get_dtype(like.get(), &dtype) == AOTI_TORCH_SUCCESS, "persistent_matmul: dtype query failed");
+  AtenTensorHandle handle = nullptr;
+  STD_TORCH_CHECK(aoti_torch_empty_strided(int64_t(sizes.size()), sizes.data(), strides.data(), dtype,
+                                           aoti_torch_device_type_cuda(), like.get_device_index(),
+                                           &handle) == AOTI_TORCH_SUCCESS,
+                  "persistent_matmul: could not allocate the output");
+  return Tensor(handle);
+}
+
+// bias checked against N and made contiguous; its data pointer (nullptr for none).
+const void* bias_data(const std::optional<Tensor>& bias, std::optional<Tensor>& contiguous_bias, int64_t n,
+                      const Tensor& like, const char* like_name) {
+  if (!bias.has_value()) return nullptr;
+  const Tensor& t = *bias;
+  check_operand(t, "bias", 1, 1);
+  check_same(t, "bias", like, like_name);
+  STD_TORCH_CHECK(t.size(0) == n, "persistent_matmul: bias has ", t.size(0), " elements, expected ", n);
+  if (n > 1 && t.stride(0) != 1) {
+    contiguous_bias = torch::stable::contiguous(t);
+    return contiguous_bias->data_ptr();
+  }
+  return t.data_ptr();
 }
 
 }  // namespace
 
-void naive_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out) {
-  run(persistent_matmul::launch_naive, a, b, bias, out);
+// ------------------------------------------------------------------ ops
+
+Tensor linear_fwd_op(const Tensor& x_in, const Tensor& weight, const std::optional<Tensor>& bias, std::string kernel) {
+  const auto named = parse_kernel(kernel);
+  check_operand(x_in, "x", 1, 8);
+  check_operand(weight, "weight", 2, 2);
+  check_same(weight, "weight", x_in, "x");
+  const int64_t n = weight.size(0), k = weight.size(1);
+  STD_TORCH_CHECK(x_in.size(x_in.dim() - 1) == k, "persistent_matmul: x has ", x_in.size(x_in.dim() - 1),
+                  " features in its last dim but weight is ", n, "x", k);
+  torch::stable::accelerator::DeviceGuard guard(x_in.get_device_index());
+  std::optional<Tensor> contiguous_bias;
+  const void* bias_ptr = bias_data(bias, contiguous_bias, n, x_in, "x");
+
+  // x as rows x K: the leading dims must collapse into one stride, else a copy.
+  Tensor x = x_in;
+  int64_t rows = 1, row_stride = k;
+  bool collapsible = true;
+  for (int64_t d = x.dim() - 2, expected = -1; d >= 0; --d) {
+    rows *= x.size(d);
+    if (x.size(d) == 1) continue;
+    if (expected < 0) {
+      row_stride = x.stride(d);
+    } else if (x.stride(d) != expected) {
+      collapsible = false;
+    }
+    expected = x.stride(d) * x.size(d);
+  }
+  if (!collapsible) {
+    x = torch::stable::contiguous(x_in);
+    row_stride = k;
+  }
+  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+  out_sizes.back() = n;
+  Tensor out = new_output(x, out_sizes);
+  if (rows == 0 || n == 0) return out;
+  if (k == 0) {
+    Tensor out2d = torch::stable::from_blob(out.data_ptr(), {rows, n}, {n, 1}, out.device(), out.scalar_type());
+    fill_empty_sum(out2d, contiguous_bias.has_value() ? contiguous_bias : bias);
+    return out;
+  }
+  const View a{x.data_ptr(), rows, k, row_stride, x.stride(x.dim() - 1)};
+  const View b{weight.data_ptr(), k, n, weight.stride(1), weight.stride(0)};  // weight.T
+  multiply(x, a, b, bias_ptr, View{out.data_ptr(), rows, n, n, 1}, named, Options{});
+  return out;
 }
 
-void warptiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out) {
-  const MatmulProblem problem = describe(a, b, bias, out);
-  STD_TORCH_CHECK(problem.dtype == ElementType::kFloat32, "persistent_matmul: warptiled takes float32 only");
-  STD_TORCH_CHECK(persistent_matmul::cuda_core_operands_ok(problem),
-                  "persistent_matmul: operand layout not taken by warptiled (A needs K contiguous, B K or N "
-                  "contiguous, leading dims multiples of 4, 16-byte aligned data); persistent_matmul.matmul "
-                  "copies such operands first");
-  launch_on_stream(persistent_matmul::launch_warptiled, problem, a.get_device_index());
+Tensor matmul_op(const Tensor& a, const Tensor& b, std::string kernel) {
+  const auto named = parse_kernel(kernel);
+  check_operand(a, "a", 2, 2);
+  check_operand(b, "b", 2, 2);
+  check_same(b, "b", a, "a");
+  STD_TORCH_CHECK(a.size(1) == b.size(0), "persistent_matmul: a is ", a.size(0), "x", a.size(1), " but b is ",
+                  b.size(0), "x", b.size(1));
+  torch::stable::accelerator::DeviceGuard guard(a.get_device_index());
+  Tensor out = new_output(a, {a.size(0), b.size(1)});
+  if (out.numel() == 0) return out;
+  if (a.size(1) == 0) {
+    fill_empty_sum(out, std::nullopt);
+    return out;
+  }
+  multiply(a, view_of(a), view_of(b), nullptr, view_of(out), named, Options{});
+  return out;
 }
 
-void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-                  const std::optional<Tensor>& timeline) {
-  run_tensor_core(persistent_matmul::launch_tiled, a, b, bias, out, timeline);
+void matmul_out_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out, std::string kernel,
+                int64_t tile_order, int64_t cluster_size, const std::optional<Tensor>& timeline) {
+  const auto named = parse_kernel(kernel);
+  check_operand(a, "a", 2, 2);
+  check_operand(b, "b", 2, 2);
+  check_operand(out, "out", 2, 2);
+  check_same(b, "b", a, "a");
+  check_same(out, "out", a, "a");
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  STD_TORCH_CHECK(b.size(0) == k, "persistent_matmul: a is ", m, "x", k, " but b is ", b.size(0), "x", n);
+  STD_TORCH_CHECK(out.size(0) == m && out.size(1) == n, "persistent_matmul: out must be ", m, "x", n);
+  STD_TORCH_CHECK(!internal_overlap(out), "persistent_matmul: out has overlapping elements");
+  STD_TORCH_CHECK(!may_overlap(out, a) && !may_overlap(out, b) && !(bias.has_value() && may_overlap(out, *bias)),
+                  "persistent_matmul: out overlaps an input in memory");
+  torch::stable::accelerator::DeviceGuard guard(a.get_device_index());
+  std::optional<Tensor> contiguous_bias;
+  const void* bias_ptr = bias_data(bias, contiguous_bias, n, a, "a");
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    fill_empty_sum(out, contiguous_bias.has_value() ? contiguous_bias : bias);
+    return;
+  }
+  Options opt;
+  opt.tile_order = tile_order;
+  opt.cluster_size = cluster_size;
+  opt.timeline = &timeline;
+  multiply(a, view_of(a), view_of(b), bias_ptr, view_of(out), named, opt);
 }
 
-void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-                   const std::optional<Tensor>& timeline, int64_t tile_order) {
-  MatmulProblem problem = describe(a, b, bias, out);
-  prepare_tensor_core(problem, a, timeline);
-  tile_order =
-      order_worth_running(tile_order, problem, a.get_device_index(), persistent_matmul::tensor_core_tile_config);
-  const auto counter = set_tile_order(problem, a, tile_order);
-  launch_on_stream(persistent_matmul::launch_persistent, problem, a.get_device_index());
+std::string choose_kernel_op(int64_t major, int64_t minor, int64_t sms, ScalarType dtype, int64_t m, int64_t n,
+                          bool b_kmajor) {
+  const auto t = element_type_of(dtype);
+  STD_TORCH_CHECK(t.has_value(), "persistent_matmul: choose_kernel takes float32, float16 or bfloat16");
+  const DeviceFacts facts{int(major), int(minor), int(sms)};
+  const auto rung = persistent_matmul::choose_auto(facts, *t, m, n, b_kmajor);
+  return rung.has_value() ? std::string(persistent_matmul::rung_name(*rung)) : std::string("none");
 }
 
-void wgmma_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-              const std::optional<Tensor>& timeline) {
-  MatmulProblem problem = describe(a, b, bias, out);
-  check_hopper(a.get_device_index());
-  prepare_tensor_core(problem, a, timeline, persistent_matmul::wgmma_tile_config);
-  launch_on_stream(persistent_matmul::launch_wgmma, problem, a.get_device_index());
+std::tuple<Tensor, Tensor> operands_for_op(const Tensor& a, const Tensor& b, int64_t chunk, bool need_kmajor) {
+  STD_TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && a.scalar_type() == b.scalar_type(),
+                  "persistent_matmul: operands_for takes a (M x K) and b (K x N) of one dtype");
+  STD_TORCH_CHECK(chunk == 4 || chunk == 8, "persistent_matmul: chunk must be 4 or 8 elements, got ", chunk);
+  const Prepared p = prepare_operands(a, view_of(a), view_of(b), int(chunk), need_kmajor);
+  return {p.a_copy.value_or(a), p.b_copy.value_or(b)};
 }
 
-void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-                         const std::optional<Tensor>& timeline, int64_t tile_order, int64_t cluster_size) {
-  STD_TORCH_CHECK(cluster_size >= 0 && cluster_size <= 2,
-                  "persistent_matmul: cluster_size must be 0 (the kernel picks), 1 or 2, got ", cluster_size);
-  STD_TORCH_CHECK(cluster_size != 2 || tile_order != 2,
-                  "persistent_matmul: the dynamic tile order runs without clusters (cluster_size=1, or 0 to let "
-                  "the kernel pick)");
-  MatmulProblem problem = describe(a, b, bias, out);
-  check_hopper(a.get_device_index());
-  prepare_tensor_core(problem, a, timeline, persistent_matmul::wgmma_tile_config);
-  problem.cluster_size =
-      cluster_size == 0 ? persistent_matmul::wgmma_cluster_size_for(problem.m) : static_cast<int32_t>(cluster_size);
-  // Pairs walk a static order: where the kernel picks them, the dynamic order
-  // runs as grouped, and no counter is looked up.
-  if (problem.cluster_size == 2 && tile_order == 2) tile_order = 0;
-  tile_order = order_worth_running(tile_order, problem, a.get_device_index(), persistent_matmul::wgmma_tile_config);
-  const auto counter = set_tile_order(problem, a, tile_order);
-  launch_on_stream(persistent_matmul::launch_wgmma_persistent, problem, a.get_device_index());
-}
-
-std::vector<int64_t> tile_config(int64_t m, int64_t n, int64_t device, bool hopper) {
+std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, bool hopper) {
   STD_TORCH_CHECK(m >= 0 && n >= 0, "persistent_matmul: tile_config needs m, n >= 0");
   int devices = 0;
   STD_TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices,
                   "persistent_matmul: tile_config needs a CUDA device; cuda:", device, " is not present");
-  if (hopper) check_hopper(static_cast<int32_t>(device));
+  torch::stable::accelerator::DeviceGuard guard(static_cast<int32_t>(device));  // the occupancy queries ask the current device
+  if (hopper) {
+    const DeviceFacts& f = device_facts(static_cast<int32_t>(device));
+    STD_TORCH_CHECK(f.major == 9 && f.minor == 0, "persistent_matmul: the wgmma rungs need a Hopper GPU (compute "
+                    "capability 9.0); cuda:", device, " is ", f.major, ".", f.minor);
+  }
   const auto cfg = hopper ? persistent_matmul::wgmma_tile_config(m, n, static_cast<int>(device))
                           : persistent_matmul::tensor_core_tile_config(m, n, static_cast<int>(device));
   return {cfg.block_m, cfg.block_n, cfg.block_k, cfg.tiles, cfg.persistent_ctas};
 }
 
 STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
-  ops.def("naive(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out) -> ()");
-  ops.def("warptiled(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out) -> ()");
-  ops.def("tiled(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
+  ops.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias, str kernel) -> Tensor");
+  ops.def("matmul(Tensor a, Tensor b, str kernel) -> Tensor");
   ops.def(
-      "persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=2) -> ()");
-  ops.def("wgmma(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline) -> ()");
-  ops.def(
-      "wgmma_persistent(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, Tensor(b!)? timeline, int tile_order=2, "
-      "int cluster_size=0) -> ()");
+      "matmul_out(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, str kernel, int tile_order=-1, "
+      "int cluster_size=0, Tensor(b!)? timeline=None) -> ()");
+  ops.def("choose_kernel(int major, int minor, int sms, ScalarType dtype, int m, int n, bool b_kmajor) -> str");
+  ops.def("operands_for(Tensor a, Tensor b, int chunk, bool need_kmajor) -> (Tensor, Tensor)");
   ops.def("tile_config(int m, int n, int device, bool hopper=False) -> int[]");
 }
 
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
-  ops.impl("naive", TORCH_BOX(&naive_op));
-  ops.impl("warptiled", TORCH_BOX(&warptiled_op));
-  ops.impl("tiled", TORCH_BOX(&tiled_op));
-  ops.impl("persistent", TORCH_BOX(&persistent_op));
-  ops.impl("wgmma", TORCH_BOX(&wgmma_op));
-  ops.impl("wgmma_persistent", TORCH_BOX(&wgmma_persistent_op));
+  ops.impl("linear_fwd", TORCH_BOX(&linear_fwd_op));
+  ops.impl("matmul", TORCH_BOX(&matmul_op));
+  ops.impl("matmul_out", TORCH_BOX(&matmul_out_op));
 }
 
-// tile_config takes no tensor, so it is registered for every dispatch key.
+// These take no tensor or work on any device: registered for every dispatch key.
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CompositeExplicitAutograd, ops) {
-  ops.impl("tile_config", TORCH_BOX(&tile_config));
+  ops.impl("choose_kernel", TORCH_BOX(&choose_kernel_op));
+  ops.impl("operands_for", TORCH_BOX(&operands_for_op));
+  ops.impl("tile_config", TORCH_BOX(&tile_config_op));
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

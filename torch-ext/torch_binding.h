@@ -1,36 +1,40 @@
-// Ops of persistent_matmul, one per kernel rung. Each computes
-// out = a @ b (+ bias) in place into a caller-allocated `out`; the Python
-// package validates arguments and allocates, these re-check what a direct
-// caller of the op could get wrong, so a bad call raises instead of crashing.
+// The ops of persistent_matmul (torch_binding.cpp). linear_fwd, matmul and
+// matmul_out check every argument, choose the rung (rungs.h), copy operands
+// a rung cannot read, allocate the output and launch on the current stream;
+// a bad call raises instead of crashing.
 #pragma once
 
 #include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include <torch/csrc/stable/tensor.h>
-
-#include <vector>
+#include <torch/headeronly/core/ScalarType.h>
 
 using torch::stable::Tensor;
 
-void naive_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out);
-void warptiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out);
+// x @ weight.T (+ bias): x is (..., K), weight N x K, bias N; returns (..., N).
+Tensor linear_fwd_op(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias, std::string kernel);
+// a (M x K) @ b (K x N), any strides; returns a new M x N tensor.
+Tensor matmul_op(const Tensor& a, const Tensor& b, std::string kernel);
+// a @ b (+ bias) into out. tile_order: -1 (default: split tail), 0 grouped, 1
+// Hilbert, 2 dynamic, 3 split tail (the persistent rungs). cluster_size: 0 (the
+// kernel picks), 1 or 2 (wgmma_persistent). timeline, when given, is an int64
+// [tiles, 6] tensor the instrumented build of a tensor-core rung fills with one
+// row per output tile: (tile_m, tile_n, sm id, CTA index, start ns, end ns).
+void matmul_out_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
+                   std::string kernel, int64_t tile_order, int64_t cluster_size, const std::optional<Tensor>& timeline);
 
-// Tensor-core rungs. `timeline`, when given, is an int64 [tiles, 6] tensor
-// that the instrumented kernel fills with one row per output tile:
-// (tile_m, tile_n, sm id, CTA index, start ns, end ns) from %globaltimer.
-void tiled_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-                  const std::optional<Tensor>& timeline);
-// tile_order: 0 = grouped, 1 = Hilbert (csrc/tile_scheduler.cuh).
-void persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-                   const std::optional<Tensor>& timeline, int64_t tile_order);
-
-// Hopper only (sm_90a): TMA + wgmma, one CTA per tile / persistent.
-void wgmma_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-              const std::optional<Tensor>& timeline);
-// cluster_size: 1 (default), or 2 for CTA pairs sharing B by TMA multicast.
-void wgmma_persistent_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
-                         const std::optional<Tensor>& timeline, int64_t tile_order, int64_t cluster_size);
+// The rung kernel="auto" runs on a GPU of compute capability major.minor with
+// `sms` SMs, for an m x n output of `dtype` (b_kmajor: B is K-major); "none" if
+// no rung runs there.
+std::string choose_kernel_op(int64_t major, int64_t minor, int64_t sms, torch::headeronly::ScalarType dtype,
+                             int64_t m, int64_t n, bool b_kmajor);
+// a and b as a rung reading `chunk`-element (16-byte) chunks takes them: the
+// inputs themselves, or padded copies (need_kmajor: B copied K-major).
+std::tuple<Tensor, Tensor> operands_for_op(const Tensor& a, const Tensor& b, int64_t chunk, bool need_kmajor);
 
 // [block_m, block_n, block_k, tiles, persistent CTAs] for an m x n output on
 // `device`: of tiled/persistent, or with `hopper` of wgmma/wgmma_persistent.
-std::vector<int64_t> tile_config(int64_t m, int64_t n, int64_t device, bool hopper);
+std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, bool hopper);

@@ -1,32 +1,29 @@
-"""linear as one functional custom op, for torch.compile and autograd.
+"""linear and its op, ``linear_fwd``, for eager calls, torch.compile and autograd.
 
-``linear_fwd(x, weight, bias, kernel) -> Tensor`` is registered with
-``torch.library.custom_op`` in this build's op namespace. Its real kernel is
-``_matmul.linear_impl`` (device checks, rung choice, launch); its fake kernel
-gives the output's shape and dtype, so torch.compile(fullgraph=True) traces it
-as one opaque node; its autograd formula computes the gradients with the same
-op where our kernels take the tensors, else with torch.
+``linear_fwd(x, weight, bias, kernel) -> Tensor`` is defined and implemented in
+C++ (torch_binding.cpp: checks, rung choice, allocation and launch). Here it gets
+a fake kernel, which gives the output's shape and dtype, so torch.compile(
+fullgraph=True) traces it as one opaque node, and an autograd formula, which
+computes the gradients with the same op where our kernels take the tensors,
+else with torch.
 
-The public ``linear`` runs the argument checks that need no device first, in
-the caller's frame, then calls the op.
+``linear`` calls the op directly where no gradient is needed: below the
+autograd dispatch key, where the op's autograd kernel (Python) would only pass
+the call on, so a call costs the host one dispatch into C++.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-from ._matmul import check_linear_args, linear_impl
+from ._matmul import check_linear_args, explain_linear
 from ._ops import add_op_namespace_prefix
 from ._rungs import ALL_DTYPES
 
 LINEAR_OP_NAME = add_op_namespace_prefix("linear_fwd")
-_SCHEMA = "(Tensor x, Tensor weight, Tensor? bias, str kernel) -> Tensor"
-
-
-def _linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], kernel: str) -> torch.Tensor:
-    return linear_impl(x, weight, bias, kernel)
+_namespace, _name = LINEAR_OP_NAME.split("::")
+linear_op = getattr(getattr(torch.ops, _namespace), _name).default
+"""The registered op (an OpOverload): ``linear_op(x, weight, bias, kernel)``."""
 
 
 def _linear_fwd_fake(x, weight, bias, kernel):
@@ -80,23 +77,15 @@ def _backward(ctx, grad):
     return grad_x, grad_weight, grad_bias, None
 
 
-def _defined(qualname: str) -> bool:
-    namespace, name = qualname.split("::")
-    try:
-        getattr(getattr(torch.ops, namespace), name)
-    except AttributeError:
-        return False
-    return True
+# A second import of this build (kernels may load it under another module name)
+# finds the op registered already.
+if not torch._C._dispatch_has_kernel_for_dispatch_key(LINEAR_OP_NAME, "Meta"):
+    torch.library.register_fake(LINEAR_OP_NAME)(_linear_fwd_fake)
+if not torch._C._dispatch_has_kernel_for_dispatch_key(LINEAR_OP_NAME, "Autograd"):
+    torch.library.register_autograd(LINEAR_OP_NAME, _backward, setup_context=_setup_context)
 
-
-if not _defined(LINEAR_OP_NAME):  # a second import of this build reuses the registered op
-    _custom = torch.library.custom_op(LINEAR_OP_NAME, _linear_fwd, mutates_args=(), schema=_SCHEMA)
-    _custom.register_fake(_linear_fwd_fake)
-    _custom.register_autograd(_backward, setup_context=_setup_context)
-
-_namespace, _name = LINEAR_OP_NAME.split("::")
-linear_op = getattr(getattr(torch.ops, _namespace), _name).default
-"""The registered op (an OpOverload): ``linear_op(x, weight, bias, kernel)``."""
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_is_compiling = torch.compiler.is_compiling
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -106,10 +95,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ``x`` is (..., in_features), ``weight`` (out_features, in_features),
     ``bias`` (out_features) or None; the bias is added in fp32 before the
     result is rounded. Returns (..., out_features). Differentiable, and traced
-    by torch.compile as one op.
+    by torch.compile as one op. Raises TypeError/ValueError/RuntimeError
+    naming the bad argument for bad input.
     """
-    check_linear_args(x, weight, bias, kernel)
-    return linear_op(x, weight, bias, kernel)
+    if _is_compiling():
+        check_linear_args(x, weight, bias, kernel)
+        return linear_op(x, weight, bias, kernel)
+    try:
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            return linear_op(x, weight, bias, kernel)
+        with _below_autograd():
+            return linear_op(x, weight, bias, kernel)
+    except Exception:
+        explain_linear(x, weight, bias, kernel)
+        raise
 
 
 __all__ = ["LINEAR_OP_NAME", "linear", "linear_op"]

@@ -10,10 +10,9 @@ import torch
 
 @dataclass(frozen=True)
 class Rung:
-    """One kernel rung: its op, the dtypes it takes and the GPUs it has code for."""
+    """One kernel rung: the dtypes it takes and the GPUs it has code for."""
 
     name: str
-    op_name: str
     dtypes: tuple[torch.dtype, ...]
     # Lowest compute capability the build has machine code or PTX for.
     min_capability: tuple[int, int]
@@ -40,7 +39,6 @@ RUNGS: dict[str, Rung] = {
     for rung in (
         Rung(
             name="naive",
-            op_name="naive",
             dtypes=ALL_DTYPES,
             min_capability=(8, 0),
             exact_capability=None,
@@ -48,7 +46,6 @@ RUNGS: dict[str, Rung] = {
         ),
         Rung(
             name="warptiled",
-            op_name="warptiled",
             dtypes=(torch.float32,),
             min_capability=(8, 0),
             exact_capability=None,
@@ -57,7 +54,6 @@ RUNGS: dict[str, Rung] = {
         ),
         Rung(
             name="tiled",
-            op_name="tiled",
             dtypes=HALF_DTYPES,
             min_capability=(8, 0),
             exact_capability=None,
@@ -67,7 +63,6 @@ RUNGS: dict[str, Rung] = {
         ),
         Rung(
             name="persistent",
-            op_name="persistent",
             dtypes=HALF_DTYPES,
             min_capability=(8, 0),
             exact_capability=None,
@@ -78,7 +73,6 @@ RUNGS: dict[str, Rung] = {
         ),
         Rung(
             name="wgmma",
-            op_name="wgmma",
             dtypes=HALF_DTYPES,
             min_capability=(9, 0),
             exact_capability=(9, 0),
@@ -89,7 +83,6 @@ RUNGS: dict[str, Rung] = {
         ),
         Rung(
             name="wgmma_persistent",
-            op_name="wgmma_persistent",
             dtypes=HALF_DTYPES,
             min_capability=(9, 0),
             exact_capability=(9, 0),
@@ -100,15 +93,22 @@ RUNGS: dict[str, Rung] = {
             takes_tile_order=True,
             hopper_tiles=True,
         ),
+        Rung(
+            name="splitk",
+            dtypes=HALF_DTYPES,
+            min_capability=(8, 0),
+            exact_capability=None,
+            summary="skinny products (decode shapes): the weights as mma.sync's A operand, 16 weight rows per "
+                    "CTA, K split over its 8 warps, weights streamed into registers",
+            chunk_elements=8,
+        ),
     )
 }
 
-# Best first: `kernel="auto"` takes the first available rung that takes the dtype.
-# Measured on the H200, timed interleaved in one process over the 11 benchmark
-# shapes: wgmma_persistent in CTA pairs 1.010x the speed of wgmma (geomean;
-# benchmarks/results/2026-11-30-cluster-pairs.md), persistent 1.017x and 1.025x
-# the speed of tiled (2026-12-02-ninth-*: 1.17x at 3000^3, 1.08x at 4097^3, the
-# split tail; where one wave holds every tile it runs tiled's kernel).
+# The rungs `kernel="auto"` may fall back on for a dtype, best first: when none
+# of them runs, the error lists why for each. The choice itself is made per
+# call in the op entry (torch-ext/rungs.h, choose_auto), by device, dtype and
+# shape: splitk for skinny products, else the first of these that runs.
 AUTO_ORDER = ("wgmma_persistent", "wgmma", "persistent", "tiled", "warptiled", "naive")
 
 

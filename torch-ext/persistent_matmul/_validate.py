@@ -93,15 +93,6 @@ def check_out(out, shape: tuple[int, int], dtype: torch.dtype, inputs: dict) -> 
             raise ValueError(f"out overlaps {name} in memory; pass an out that shares no memory with the inputs")
 
 
-def same_cuda_device_and_dtype(a: torch.Tensor, *others: torch.Tensor | None) -> bool:
-    """Whether a and the others (None entries skipped) are CUDA tensors of one device
-    and one dtype: the common case, which check_same_dtype and check_cuda would
-    pass. When it is False the caller runs those checks, which raise or explain."""
-    dtype, index = a.dtype, a.get_device()
-    return a.is_cuda and all(t is None or (t.is_cuda and t.dtype is dtype and t.get_device() == index)
-                             for t in others)
-
-
 def check_cuda(named: dict[str, torch.Tensor]) -> torch.device:
     """All tensors on one CUDA device; the error says what is wrong and where.
 

@@ -16,9 +16,10 @@ from ._compile import kernels_take, linear
 class MatmulLinear(nn.Module):
     """``nn.Linear.forward`` computed by persistent_matmul's best kernel, bias fused.
 
-    Goes through the ``linear_fwd`` custom op, which has a fake kernel and an
-    autograd formula: usable for training and under torch.compile(fullgraph=True).
-    Calls our kernels don't take run torch.nn.functional.linear instead.
+    Goes through the ``linear_fwd`` op, which has a fake kernel and an autograd
+    formula: usable for training and under torch.compile(fullgraph=True). Calls
+    our kernels don't take (CPU or meta tensors, float64, tensor subclasses the
+    op does not handle) run torch.nn.functional.linear instead.
     """
 
     weight: torch.Tensor
@@ -28,6 +29,14 @@ class MatmulLinear(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.is_cuda and not torch.compiler.is_compiling():
+            # The common case first, unchecked: the op checks everything, and
+            # what it rejects is either a real error or a call for torch.
+            try:
+                return linear(input, self.weight, self.bias)
+            except Exception:
+                if kernels_take(input, self.weight, self.bias):
+                    raise
         if not kernels_take(input, self.weight, self.bias):
             return nn.functional.linear(input, self.weight, self.bias)
         return linear(input, self.weight, self.bias)

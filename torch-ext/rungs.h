@@ -1,0 +1,84 @@
+// The kernel rungs as the op entry sees them: their names, which GPUs and
+// dtypes each takes, and the rung `kernel="auto"` runs for a product. Plain
+// C++ (no torch types), so the choice is one function of the device, the
+// dtype and the shape, which the `choose_kernel` op exposes to tests.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "matmul_problem.h"
+
+namespace persistent_matmul {
+
+enum class Rung : int32_t { kNaive, kWarptiled, kTiled, kPersistent, kWgmma, kWgmmaPersistent, kSplitk };
+
+inline constexpr std::string_view kRungNames[] = {"naive", "warptiled", "tiled", "persistent",
+                                                  "wgmma", "wgmma_persistent", "splitk"};
+
+inline std::string_view rung_name(Rung r) { return kRungNames[static_cast<int32_t>(r)]; }
+
+inline std::optional<Rung> rung_named(std::string_view name) {
+  for (int32_t i = 0; i < int32_t(std::size(kRungNames)); ++i) {
+    if (kRungNames[i] == name) return static_cast<Rung>(i);
+  }
+  return std::nullopt;
+}
+
+// What the choice needs to know about a GPU.
+struct DeviceFacts {
+  int major = 0, minor = 0;
+  int sms = 0;
+};
+
+// The portable rungs have machine code for 8.0 and newer (and PTX); the
+// Hopper rungs for sm_90a only, which runs on compute capability 9.0 alone.
+inline bool rung_runs_on(Rung r, const DeviceFacts& d) {
+  if (r == Rung::kWgmma || r == Rung::kWgmmaPersistent) return d.major == 9 && d.minor == 0;
+  return d.major >= 8;
+}
+
+inline bool rung_takes(Rung r, ElementType t) {
+  switch (r) {
+    case Rung::kNaive: return true;
+    case Rung::kWarptiled: return t == ElementType::kFloat32;
+    default: return t != ElementType::kFloat32;
+  }
+}
+
+// The rungs that read operands in 16-byte chunks: elements per chunk (the
+// binding copies operands they cannot read into a padded layout first); 0
+// for naive, which takes any strides.
+inline int rung_chunk_elements(Rung r) {
+  switch (r) {
+    case Rung::kNaive: return 0;
+    case Rung::kWarptiled: return 4;
+    default: return 8;
+  }
+}
+
+// splitk by default up to this many tokens (rows of A), where it streams the
+// weights faster than the tile rungs compute them (H200, CUDA graphs, the
+// Llama-3-8B projections: 1.25-2.2x wgmma_persistent's speed up to 16 tokens,
+// 0.99-1.15x at 32, 0.52-1.06x at 64; benchmarks/NOTES.md, "Why a split-K rung
+// for decode"), and only where its CTAs (16 rows of the weights each) fill the
+// SMs twice over.
+constexpr int64_t kSplitkAutoTokens = 32;
+inline bool splitk_fills(const DeviceFacts& d, int64_t n) { return n >= int64_t(2) * 16 * d.sms; }
+
+// kernel="auto": splitk for skinny products with K-major weights, then the
+// fastest tile rung the GPU runs (wgmma_persistent on Hopper, persistent
+// elsewhere), warptiled for fp32, naive where nothing else runs.
+inline std::optional<Rung> choose_auto(const DeviceFacts& d, ElementType t, int64_t m, int64_t n, bool b_kmajor) {
+  if (t != ElementType::kFloat32 && m <= kSplitkAutoTokens && b_kmajor && splitk_fills(d, n) &&
+      rung_runs_on(Rung::kSplitk, d)) {
+    return Rung::kSplitk;
+  }
+  for (Rung r : {Rung::kWgmmaPersistent, Rung::kPersistent, Rung::kWarptiled, Rung::kNaive}) {
+    if (rung_takes(r, t) && rung_runs_on(r, d)) return r;
+  }
+  return std::nullopt;
+}
+
+}  // namespace persistent_matmul
