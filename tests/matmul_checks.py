@@ -131,6 +131,20 @@ def exact_int_bias(n: int, dtype: torch.dtype, device, generator: torch.Generato
     return values.to(dtype)
 
 
+# --------------------------------------------------------------------------- shapes of real models
+
+# (N, K) of the projections of two real models: out_features x in_features.
+MODEL_PROJECTIONS = {
+    "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (28672, 4096), "8B down": (4096, 14336),
+    "70B qkv": (10240, 8192), "70B o": (8192, 8192), "70B gate_up": (57344, 8192), "70B down": (8192, 28672),
+}
+"""Llama-3-8B and Llama-3-70B: fused q/k/v, o, fused gate/up and down projections."""
+DECODE_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+"""Tokens per call while generating (batch x 1 new token)."""
+PREFILL_M = (512, 1024, 2048, 4096, 8192, 16384)
+"""Tokens per call while reading a prompt."""
+
+
 # --------------------------------------------------------------------------- checks
 
 

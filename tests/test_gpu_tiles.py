@@ -407,9 +407,8 @@ def test_hopper_op_checks_the_timeline_size(pm, kernel):
     out = torch.empty(304, 304, device="cuda", dtype=torch.bfloat16)
     tiles = pm.tile_config(304, 304, kernel=kernel)["tiles"]
     wrong = torch.zeros(tiles + 1, 6, device="cuda", dtype=torch.int64)
-    args = (a, b, None, out, wrong) + ((0,) if kernel == "wgmma_persistent" else ())
     with pytest.raises(RuntimeError, match=rf"timeline must be a contiguous int64 tensor of shape \[{tiles}, 6\]"):
-        getattr(pm._matmul.ops, kernel)(*args)
+        pm._matmul.ops.matmul_out(a, b, None, out, kernel, 0, 0, wrong)
 
 
 def test_tensor_core_rung_rejects_float32(pm):

@@ -1,7 +1,7 @@
-"""What `_run` passes to the ops for the persistent rungs' options, on a machine
-without a GPU: the device checks and the op library are replaced by stand-ins
-that record the call, so the Python plumbing of tile_order and cluster_size
-(defaults, forced values) is checked before any GPU sees it."""
+"""What `_run` passes to the matmul_out op for the persistent rungs' options, on a
+machine without a GPU: the device checks and the op library are replaced by
+stand-ins that record the call, so the Python plumbing of tile_order and
+cluster_size (defaults, forced values) is checked before any GPU sees it."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def recorded(pm, monkeypatch):
     ops = RecordingOps()
     monkeypatch.setattr(matmul, "ops", ops)
     monkeypatch.setattr(matmul, "check_cuda", lambda named: torch.device("cpu"))
-    monkeypatch.setattr(matmul, "_choose_rung", lambda kernel, dtype, device: matmul.RUNGS[kernel])
+    monkeypatch.setattr(matmul, "_resolve_rung", lambda kernel, dtype, device: matmul.RUNGS[kernel])
     return matmul, ops
 
 
@@ -40,10 +40,11 @@ def test_wgmma_persistent_defaults_let_the_kernel_pick(recorded):
     a, b = _operands()
     matmul._run(a, b, None, None, "wgmma_persistent")
     (name, args), = ops.calls
-    assert name == "wgmma_persistent"
-    tile_order, cluster_size = args[-2:]
+    assert name == "matmul_out"
+    kernel, tile_order, cluster_size, timeline = args[4:]
+    assert kernel == "wgmma_persistent"
     assert tile_order == matmul.TILE_ORDERS[matmul.DEFAULT_TILE_ORDER]
-    assert cluster_size == 0
+    assert cluster_size == 0 and timeline is None
 
 
 @pytest.mark.parametrize("cluster_size", [1, 2])
@@ -54,7 +55,7 @@ def test_wgmma_persistent_forced_cluster_size(recorded, cluster_size):
     a, b = _operands()
     matmul._run(a, b, None, None, "wgmma_persistent", cluster_size=cluster_size)
     (_, args), = ops.calls
-    assert args[-2:] == (matmul.TILE_ORDERS["split_tail"], cluster_size)
+    assert args[5:7] == (matmul.TILE_ORDERS["split_tail"], cluster_size)
 
 
 def test_persistent_gets_the_tile_order_only(recorded):
@@ -62,5 +63,13 @@ def test_persistent_gets_the_tile_order_only(recorded):
     a, b = _operands()
     matmul._run(a, b, None, None, "persistent", tile_order="hilbert", cluster_size=2)
     (name, args), = ops.calls
-    assert name == "persistent"
-    assert args[-1] == matmul.TILE_ORDERS["hilbert"]
+    assert name == "matmul_out" and args[4] == "persistent"
+    assert args[5] == matmul.TILE_ORDERS["hilbert"]
+
+
+def test_unknown_tile_order_is_named(recorded):
+    matmul, ops = recorded
+    a, b = _operands()
+    with pytest.raises(ValueError, match=r"^unknown tile_order 'spiral'; choose one of: grouped, hilbert"):
+        matmul._run(a, b, None, None, "persistent", tile_order="spiral")
+    assert ops.calls == []

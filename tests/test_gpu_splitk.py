@@ -1,0 +1,199 @@
+"""GPU tests of the splitk rung (skinny products), of the C++ op entry's checks, and
+of every op inside CUDA graphs.
+
+Run with ``python -m pytest -m gpu tests`` on a machine with a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+import torch
+
+from matmul_checks import (DECODE_M, MODEL_PROJECTIONS, TOLERANCE, check_exact, check_graph_replays, exact_int_bias,
+                           exact_int_operands, matmul_error, nan_count, poison, random_operands)
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = "cuda"
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    seed = secrets.randbits(63)
+    print(f"random seed: {seed}")
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def runs(pm, kernel):
+    info = pm.available_kernels()[kernel]
+    if not info.available:
+        pytest.skip(f"{kernel}: {info.reason}")
+
+
+# M across one token group (8), two (16), the 32- and 64-token blocks and the loop over
+# blocks past 64; N across the 16-row CTA; K across a 64-element k-step, 8 warps' worth
+# (512: every warp one step) and long K with a tail.
+SPLITK_M = [1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 200]
+SPLITK_NK = [(1, 1), (15, 63), (16, 64), (17, 65), (48, 511), (33, 512), (130, 4104), (4096, 14336)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_splitk_small_integers_with_bias_bit_exact(pm, gen, dtype):
+    """linear through splitk on small-integer operands: every output exact, bias added once."""
+    runs(pm, "splitk")
+    failures = []
+    for m in SPLITK_M:
+        for n, k in SPLITK_NK:
+            x, w_t = exact_int_operands(m, n, k, dtype, DEVICE, b_transposed=True, generator=gen, headroom=1)
+            bias = exact_int_bias(n, dtype, DEVICE, generator=gen)
+            y = pm.linear(x, w_t.t(), bias, kernel="splitk")
+            bad = check_exact(y, x, w_t, bias)
+            if bad:
+                failures.append(f"m={m} n={n} k={k}: {bad} of {m * n} elements differ")
+    assert not failures, f"{failures} (seed {gen.initial_seed()})"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_splitk_decode_set_within_tolerance(pm, gen, dtype):
+    """Every projection of the real-model shape set at M = 1, 16, 64 and 256: normwise
+    error under the bound against fp64, every element written (matmul into a poisoned out)."""
+    runs(pm, "splitk")
+    failures = []
+    for name, (n, k) in MODEL_PROJECTIONS.items():
+        for m in (1, 16, 64, 256):
+            a, b = random_operands(m, n, k, dtype, DEVICE, b_transposed=True, generator=gen)
+            out = poison(torch.empty(m, n, dtype=dtype, device=DEVICE))
+            pm.matmul(a, b, kernel="splitk", out=out)
+            err, nans = matmul_error(out, a, b), nan_count(out)
+            if nans or not err < TOLERANCE[dtype]:
+                failures.append(f"{name} m={m}: rel error {err:.3g}, {nans} NaN")
+            del a, b, out
+    assert not failures, f"{failures} (seed {gen.initial_seed()})"
+
+
+def test_splitk_takes_any_layout(pm, gen):
+    """Row-major b (copied K-major), transposed a, strided x with leading dims that do not
+    collapse into one stride, an out with steps: all exact."""
+    runs(pm, "splitk")
+    a, b = exact_int_operands(24, 300, 700, torch.bfloat16, DEVICE, a_transposed=True, generator=gen)
+    buffer = poison(torch.empty(50, 900, dtype=torch.bfloat16, device=DEVICE))
+    out = buffer[1::2, ::3][:24, :300]
+    pm.matmul(a, b, kernel="splitk", out=out)
+    assert check_exact(out, a, b) == 0
+    x, w_t = exact_int_operands(12, 64, 256, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
+    x3 = torch.empty(3, 8, 256, dtype=torch.bfloat16, device=DEVICE)[:, ::2]  # (3, 4, 256), rows 2 apart
+    x3.copy_(x.reshape(3, 4, 256))
+    y = pm.linear(x3, w_t.t(), kernel="splitk")
+    assert y.shape == (3, 4, 64) and check_exact(y.reshape(12, 64), x, w_t) == 0
+
+
+def test_auto_takes_splitk_where_choose_kernel_says(pm, gen):
+    """kernel="auto" runs what the op entry's choice names: splitk's result bit for bit
+    (deterministic) at a decode shape, the tile rung's where splitk is not chosen."""
+    props = torch.cuda.get_device_properties(0)
+    choose = pm._matmul.ops.choose_kernel
+    for m, n, k in [(4, 8192, 1024), (16, 8192, 1024), (32, 8192, 1024), (64, 8192, 1024), (300, 8192, 1024)]:
+        rung = choose(props.major, props.minor, props.multi_processor_count, torch.bfloat16, m, n, True)
+        a, b = random_operands(m, n, k, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
+        assert torch.equal(pm.matmul(a, b), pm.matmul(a, b, kernel=rung)), (m, n, k, rung)
+        assert (rung == "splitk") == (m <= 32), (m, rung)
+
+
+# --------------------------------------------------------------------------- the op entry's own checks
+
+
+def test_ops_called_directly_reject_bad_cuda_arguments(pm):
+    """The C++ checks themselves, without the Python explanation: each names the argument."""
+    ops = pm._matmul.ops
+    x = torch.randn(4, 64, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(32, 64, device=DEVICE, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="x must be float32, float16 or bfloat16"):
+        ops.linear_fwd(x.double(), w, None, "auto")
+    with pytest.raises(RuntimeError, match="weight and x must have the same dtype"):
+        ops.linear_fwd(x, w.half(), None, "auto")
+    with pytest.raises(RuntimeError, match="x has 64 features in its last dim but weight is 32x65"):
+        ops.linear_fwd(x, torch.randn(32, 65, device=DEVICE, dtype=torch.bfloat16), None, "auto")
+    with pytest.raises(RuntimeError, match="bias has 31 elements, expected 32"):
+        ops.linear_fwd(x, w, torch.randn(31, device=DEVICE, dtype=torch.bfloat16), "auto")
+    with pytest.raises(RuntimeError, match="unknown kernel 'fast'; choose one of: auto, naive"):
+        ops.linear_fwd(x, w, None, "fast")
+    with pytest.raises(RuntimeError, match="kernel 'warptiled' does not take this dtype"):
+        ops.matmul(x, w.t(), "warptiled")
+    square = torch.randn(64, 64, device=DEVICE, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="out overlaps an input"):
+        ops.matmul_out(square, square, None, square, "auto")
+    with pytest.raises(RuntimeError, match="out has overlapping elements"):
+        ops.matmul_out(x, w.t(), None, torch.empty(1, 32, device=DEVICE, dtype=torch.bfloat16).expand(4, 32), "auto")
+    with pytest.raises(RuntimeError, match="out must be 4x32"):
+        ops.matmul_out(x, w.t(), None, torch.empty(4, 31, device=DEVICE, dtype=torch.bfloat16), "auto")
+    with pytest.raises(RuntimeError, match="'splitk' has no instrumented build"):
+        ops.matmul_out(x, w.t(), None, torch.empty(4, 32, device=DEVICE, dtype=torch.bfloat16), "splitk", -1, 0,
+                       torch.empty(1, 6, device=DEVICE, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="tile_order must be -1"):
+        ops.matmul_out(x, w.t(), None, torch.empty(4, 32, device=DEVICE, dtype=torch.bfloat16), "persistent", 7)
+
+
+def test_python_errors_name_the_argument_for_cuda_tensors(pm):
+    """Through pm.linear / pm.matmul the op's error is replaced by the exact one."""
+    x = torch.randn(4, 64, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(32, 64, device=DEVICE, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"^x has dtype torch\.float64; supported dtypes"):
+        pm.linear(x.double(), w)
+    with pytest.raises(ValueError, match=r"^x has 64 features in its last dim but weight is 32x65"):
+        pm.linear(x, torch.randn(32, 65, device=DEVICE, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match=r"^kernel 'warptiled' does not take torch\.bfloat16"):
+        pm.matmul(x, w.t(), kernel="warptiled")
+    with pytest.raises(TypeError, match=r"^kernel must be a str"):
+        pm.linear(x, w, kernel=3)
+
+
+def test_layer_falls_back_to_torch_for_what_the_op_does_not_take(pm):
+    """MatmulLinear on float64 CUDA tensors: F.linear's result, not an error."""
+    layer = torch.nn.Linear(64, 32, device=DEVICE, dtype=torch.float64)
+    expected = layer(torch.ones(3, 64, device=DEVICE, dtype=torch.float64))
+    layer.forward = pm.layers.MatmulLinear.forward.__get__(layer)
+    assert torch.equal(layer(torch.ones(3, 64, device=DEVICE, dtype=torch.float64)), expected)
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+
+
+@pytest.mark.parametrize("kernel", ["naive", "tiled", "persistent", "wgmma", "wgmma_persistent", "splitk", "auto"])
+@pytest.mark.parametrize("shape", [(16, 4224, 512), (1000, 3000, 320)], ids=["decode", "ragged"])
+def test_every_rung_replays_in_a_cuda_graph(pm, kernel, shape):
+    """matmul captured into a CUDA graph (the split-tail workspace of the persistent rungs
+    included), replayed with new inputs between eager calls: every replay exact."""
+    if kernel != "auto":
+        runs(pm, kernel)
+    m, n, k = shape
+    check_graph_replays(lambda a, b, out: pm.matmul(a, b, kernel=kernel, out=out), m, n, k,
+                        f"{kernel}: wrong result after replay")
+
+
+def test_linear_and_a_model_forward_replay_in_a_cuda_graph(pm):
+    """linear (allocating its output inside the graph) and a two-layer MLP of
+    MatmulLinear layers at decode and prefill sizes: the replayed outputs equal the eager ones."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 4608), torch.nn.SiLU(), torch.nn.Linear(4608, 512))
+    model = model.to(DEVICE, torch.bfloat16)
+    for layer in (model[0], model[2]):
+        layer.forward = pm.layers.MatmulLinear.forward.__get__(layer)
+    for tokens in (1, 16, 300):
+        static_x = torch.randn(tokens, 512, device=DEVICE, dtype=torch.bfloat16)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(stream):
+            model(static_x)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                static_y = model(static_x)
+        torch.cuda.current_stream().wait_stream(stream)
+        for _ in range(2):
+            static_x.copy_(torch.randn_like(static_x))
+            graph.replay()
+            with torch.no_grad():
+                eager = model(static_x)
+            torch.cuda.synchronize()
+            assert torch.equal(static_y, eager), f"{tokens} tokens: replayed output differs"

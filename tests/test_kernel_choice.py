@@ -1,0 +1,67 @@
+"""What kernel="auto" runs, on a machine without a GPU: the op entry's choice
+(torch-ext/rungs.h, exposed as the choose_kernel op) against the README's table,
+and the rung lists of C++ and Python against each other."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def readme_auto_rows(repo_root):
+    """The rows of the README's table under "What kernel="auto" runs"."""
+    text = (repo_root / "README.md").read_text()
+    section = text.split('### What `kernel="auto"` runs', 1)[1].split("\n#", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and re.fullmatch(r"\d+\.\d+", cells[1]):
+            rows.append(cells)
+    return rows
+
+
+def test_readme_table_is_what_the_op_entry_chooses(pm, repo_root):
+    rows = readme_auto_rows(repo_root)
+    assert len(rows) >= 8, "the README's auto table was not found"
+    choose = pm._matmul.ops.choose_kernel
+    for gpu, capability, sms, dtype, m, n, layout, rung in rows:
+        major, minor = (int(x) for x in capability.split("."))
+        got = choose(major, minor, int(sms), DTYPES[dtype], int(m), int(n), layout == "K-major")
+        assert got == rung.strip("`"), f"{gpu} {dtype} {m}x{n} {layout}: the op entry runs {got}, README says {rung}"
+
+
+@pytest.mark.parametrize("sms", [60, 108, 132, 188])
+def test_splitk_needs_two_rounds_of_its_ctas(pm, sms):
+    """splitk is chosen up to its token limit and from N = 2 x 16 x SMs on, for K-major
+    weights only; the SM count is the device's (a 60-SM slice, an RTX Pro 6000's 188)."""
+    choose = pm._matmul.ops.choose_kernel
+    edge = 32 * sms
+    assert choose(9, 0, sms, torch.bfloat16, 1, edge, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 1, edge - 1, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 1, edge, False) == "wgmma_persistent"
+    assert choose(8, 0, sms, torch.float16, 1, edge, True) == "splitk"
+    assert choose(8, 0, sms, torch.float16, 1, edge - 1, True) == "persistent"
+
+
+def test_fp32_and_old_gpus(pm):
+    choose = pm._matmul.ops.choose_kernel
+    assert choose(9, 0, 132, torch.float32, 1, 1 << 20, True) == "warptiled"
+    assert choose(7, 5, 40, torch.float32, 64, 64, True) == "none"
+    assert choose(7, 5, 40, torch.bfloat16, 64, 64, True) == "none"
+
+
+def test_choose_kernel_rejects_other_dtypes(pm):
+    with pytest.raises(RuntimeError, match="choose_kernel takes float32, float16 or bfloat16"):
+        pm._matmul.ops.choose_kernel(9, 0, 132, torch.float64, 1, 1, True)
+
+
+def test_cpp_and_python_list_the_same_rungs(pm, repo_root):
+    """rungs.h's kRungNames and _rungs.RUNGS: the same names in the same order (the
+    op entry's error message lists them in its order, the package's in its own)."""
+    header = (repo_root / "torch-ext" / "rungs.h").read_text()
+    names = re.search(r"kRungNames\[\] = \{(.*?)\};", header, re.S).group(1)
+    assert re.findall(r'"([a-z_]+)"', names) == list(pm.KERNELS)
