@@ -11,7 +11,10 @@ fp16, fp32) and each shape M, N in SIZES x K in K_SIZES:
 * all four operand layouts (a and/or b transposed, i.e. strided) where
   M*N*K <= 2**31, only plain and both-transposed above that, to bound the run time;
 * bit-exact small-integer cases on a subset of shapes (every output must equal the
-  exact product).
+  exact product);
+* with --fuzz N: N random shapes per rung and dtype (half of them skinny, M up to
+  256) and the decode set (every projection of MODEL_PROJECTIONS at every M of
+  DECODE_M, weights K-major as linear passes them).
 
 Prints progress, then a summary table at the END of stdout, and writes the full
 results (JSON) and the summary (Markdown) to --out, both with the GPU, clocks,
@@ -43,7 +46,9 @@ sys.path.insert(0, str(REPO / "tests"))
 import torch  # noqa: E402
 
 from matmul_checks import (  # noqa: E402
+    DECODE_M,
     DTYPE_NAMES,
+    MODEL_PROJECTIONS,
     TOLERANCE,
     check_exact,
     environment,
@@ -140,20 +145,39 @@ def plan(rungs: dict[str, tuple], quick: bool, full_limit: float) -> list[Case]:
 
 
 FUZZ_MAX_DIM = 5000
+FUZZ_MAX_TOKENS = 256  # half the fuzz shapes are skinny: M (tokens) in 1..256, as while generating
 
 
 def plan_fuzz(rungs: dict[str, tuple], count: int, seed: int) -> list[Case]:
-    """`count` random shapes per rung and dtype: M, N, K uniform in 1..5000, random
-    transposes, random normal inputs; reproducible from the seed."""
+    """`count` random shapes per rung and dtype: N, K uniform in 1..5000, M uniform in
+    1..5000 for half of them and in 1..256 for the other half, random transposes,
+    random normal inputs; reproducible from the seed."""
     rng = random.Random(seed)
     cases = []
     for rung, rung_dtypes in rungs.items():
         for dtype in [d for d in DTYPES if d in rung_dtypes]:
-            for _ in range(count):
-                m, n, k = (rng.randint(1, FUZZ_MAX_DIM) for _ in range(3))
+            for i in range(count):
+                m = rng.randint(1, FUZZ_MAX_DIM if i % 2 == 0 else FUZZ_MAX_TOKENS)
+                n, k = (rng.randint(1, FUZZ_MAX_DIM) for _ in range(2))
                 a_t, b_t = rng.random() < 0.5, rng.random() < 0.5
                 cases.append(Case(rung, DTYPE_NAMES[dtype], "random", m, n, k, a_t, b_t,
                                   bound=TOLERANCE[dtype], fuzz=True))
+    return cases
+
+
+# The decode set: (N, K) of real models' projections x M in DECODE_M, weights K-major
+# as linear passes them; for every rung but naive (~5 TFLOP/s: a 70B projection
+# at M = 256 alone would take seconds), bf16 and fp16.
+def plan_decode_set(rungs: dict[str, tuple]) -> list[Case]:
+    cases = []
+    for rung, rung_dtypes in rungs.items():
+        if rung == "naive":
+            continue
+        for dtype in [d for d in DTYPES if d in rung_dtypes and d != torch.float32]:
+            for n, k in MODEL_PROJECTIONS.values():
+                for m in DECODE_M:
+                    cases.append(Case(rung, DTYPE_NAMES[dtype], "random", m, n, k, False, True,
+                                      bound=TOLERANCE[dtype], fuzz=True))
     return cases
 
 
@@ -392,7 +416,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                    help="target run time in seconds; fewer transposed layouts run if the estimate exceeds it")
     p.add_argument("--fuzz", type=int, default=0, metavar="N",
-                   help="also N random shapes (each dim 1..5000, random transposes) per rung and dtype")
+                   help="also N random shapes per rung and dtype (N, K in 1..5000, M in 1..5000 for half "
+                        "and 1..256 for the other half, random transposes) and the decode set (real models' "
+                        "projections at M = 1 ... 256, every rung but naive)")
     p.add_argument("--time-limit", type=float, default=None,
                    help="stop starting new cases after this many seconds (the rest count as not run)")
     return p.parse_args(argv)
@@ -443,7 +469,8 @@ def main(argv=None) -> int:
 
     fuzz_cases = plan_fuzz(rungs, args.fuzz, seed)
     cases, full_limit = plan_within_budget(rungs, args.quick, args.budget - estimate_seconds(fuzz_cases))
-    cases += fuzz_cases
+    # The decode set runs on the fast rungs only, whose time the naive rung's rate would overestimate 50x.
+    cases += fuzz_cases + (plan_decode_set(rungs) if args.fuzz else [])
     estimate = estimate_seconds(cases)
     total_tflop = sum(c.flops for c in cases) / 1e12
     print(f"Plan: {len(cases)} cases, {total_tflop:.2f} TFLOP of matmul work; estimated {estimate:.0f} s "

@@ -181,7 +181,7 @@ sanitizer() {
 # deadlock) is reported and killed, not waited on.
 smoke() {
   local rung rc=0
-  for rung in naive warptiled tiled persistent persistent-grouped wgmma wgmma_persistent \
+  for rung in naive warptiled tiled persistent persistent-grouped wgmma wgmma_persistent splitk \
     wgmma_persistent-grouped; do
     timeout -k 5 60 "$PY" scripts/smoke_test.py "$rung" 2>&1 | tee -a "$OUT/device.log" || rc=1
   done
@@ -210,7 +210,7 @@ integration() {
 
 sanitizers() {
   local rung
-  for rung in ${SANITIZE_RUNGS:-naive warptiled tiled persistent wgmma wgmma_persistent}; do
+  for rung in ${SANITIZE_RUNGS:-naive warptiled tiled persistent wgmma wgmma_persistent splitk}; do
     run_step "compute-sanitizer memcheck $rung" sanitizer memcheck "$rung"
   done
   # shellcheck disable=SC2086  # SANITIZE_RUNGS: a list of rung names

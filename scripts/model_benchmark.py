@@ -1,0 +1,478 @@
+"""Where models spend their time: persistent_matmul.linear against F.linear on real-model shapes.
+
+Three parts, each a table with ratios to torch measured in the same run (GPU, clocks,
+torch/CUDA versions and commit in the header):
+
+* **host**: what one call costs the host. M=1, 4096x4096 bf16 (and a 1x256x256 product,
+  whose GPU time is negligible), 1000 back-to-back calls under ``torch.no_grad()``: the
+  wall time per call (the loop and a final synchronize) and the time the loop itself
+  took per call (enqueueing only: the host cost, whenever the GPU keeps up), for
+  torch.matmul / F.linear / an nn.Linear module against pm.matmul / pm.linear / a
+  module running MatmulLinear.forward.
+* **shapes**: the projections of Llama-3-8B and Llama-3-70B (N x K below) at decode M
+  (1 ... 256) and prefill M (512 ... 16384): ``pm.linear(x, w, kernel=...)`` against
+  ``F.linear(x, w)``, per call eager (back-to-back calls, CUDA events) and inside a CUDA
+  graph (one graph of several calls, replayed), weights rotated through enough copies
+  that the set exceeds the L2 cache three times, in interleaved rounds (the median
+  kept); TFLOP/s, GB/s (weights + x + output, each once) and the ratio, plus each
+  kernel's normwise error against an fp32 product of the same inputs.
+* **model**: a Llama-3-8B-shaped LlamaForCausalLM built from its config (hidden 4096,
+  intermediate 14336, 32 heads, 8 KV heads, vocab 128256, 4 layers, random weights,
+  nothing downloaded), bf16: prefill of 1x2048 and 4x2048 tokens, and a decode step
+  with a static KV cache (512 tokens of prompt) at batch 1 and 32, eager and as a
+  captured CUDA graph, torch's nn.Linear against every Linear kernelized to
+  MatmulLinear (the same weights); logits compared (normwise relative error).
+
+    python scripts/model_benchmark.py [--parts host shapes model] [--kernels auto] [--out DIR] [--tag T]
+
+Writes ``<date>-<tag>.md`` and ``.json`` to --out (default benchmarks/results, tag
+model-benchmark). Needs a GPU and the build in build/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "examples"))
+from benchmark_table import L2_ROTATION_BYTES, calls_per_batch, geomean, interleaved_times, time_per_call  # noqa: E402
+from benchmark_table import warm_up_gpu  # noqa: E402
+from matmul_checks import DECODE_M, MODEL_PROJECTIONS as PROJECTIONS, PREFILL_M  # noqa: E402
+from matmul_checks import environment, environment_lines, gpu_clocks, load_kernel  # noqa: E402
+
+DTYPE = torch.bfloat16
+GRAPH_OUTPUT_BYTES = 4 * 2**30  # outputs a captured graph may hold at once (each call allocates its own)
+
+
+# ------------------------------------------------------------------------------ timing
+
+
+def capture(fn, calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``fn(i)`` for i in range(calls), captured on a side stream after
+    one warm-up call per i there, and replayed once."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(calls):
+            fn(i)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(calls):
+                fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    return graph
+
+
+# ------------------------------------------------------------------------------ part 1: host cost
+
+
+def host_cost(pm, calls: int = 1000, repeats: int = 5) -> list[dict]:
+    """Per-call wall and enqueue time of each way to compute x @ w.T (see the module docstring)."""
+    rows = []
+    for n, k in ((4096, 4096), (256, 256)):
+        x = torch.randn(1, k, device="cuda", dtype=DTYPE)
+        w = torch.randn(n, k, device="cuda", dtype=DTYPE)
+        bias = torch.randn(n, device="cuda", dtype=DTYPE)
+        module = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=DTYPE)
+        kernelized = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=DTYPE)
+        kernelized.forward = types.MethodType(pm.layers.MatmulLinear.forward, kernelized)
+        wt = w.t()
+        pairs = [  # (ours, torch's): the same computation
+            ("pm.matmul(x, w.t())", lambda: pm.matmul(x, wt), "torch.matmul(x, w.t())", lambda: torch.matmul(x, wt)),
+            ("pm.linear(x, w)", lambda: pm.linear(x, w), "F.linear(x, w)", lambda: F.linear(x, w)),
+            ("pm.linear(x, w, bias)", lambda: pm.linear(x, w, bias), "F.linear(x, w, bias)",
+             lambda: F.linear(x, w, bias)),
+            ("MatmulLinear module", lambda: kernelized(x), "nn.Linear module", lambda: module(x)),
+        ]
+        with torch.no_grad():
+            for ours, ours_fn, theirs, theirs_fn in pairs:
+                result = {"shape": f"1x{n}x{k}", "ours": ours, "torch": theirs}
+                for key, fn in (("ours", ours_fn), ("torch", theirs_fn)):
+                    walls, loops = [], []
+                    for _ in range(repeats):  # interleaving the two is what the repeats do
+                        for _ in range(20):
+                            fn()
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        for _ in range(calls):
+                            fn()
+                        t1 = time.perf_counter()
+                        torch.cuda.synchronize()
+                        t2 = time.perf_counter()
+                        loops.append((t1 - t0) / calls * 1e6)
+                        walls.append((t2 - t0) / calls * 1e6)
+                    result[f"{key}_wall_us"] = statistics.median(walls)
+                    result[f"{key}_enqueue_us"] = statistics.median(loops)
+                result["ratio_wall"] = result["ours_wall_us"] / result["torch_wall_us"]
+                result["ratio_enqueue"] = result["ours_enqueue_us"] / result["torch_enqueue_us"]
+                rows.append(result)
+                print(json.dumps({k_: (round(v, 2) if isinstance(v, float) else v) for k_, v in result.items()}),
+                      flush=True)
+    return rows
+
+
+def host_markdown(rows: list[dict]) -> list[str]:
+    lines = ["## Host cost per call", "",
+             "1000 back-to-back calls under torch.no_grad(), median of 5 repeats; wall: the loop plus a final "
+             "synchronize, per call; enqueue: the loop alone, per call (the host's cost while the GPU keeps up); "
+             "ratio: ours / torch's (below 1: ours costs less).", "",
+             "| M x N x K | ours | us wall | us enqueue | torch | us wall | us enqueue | wall ratio | enqueue ratio |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['ours']} | {r['ours_wall_us']:.2f} | {r['ours_enqueue_us']:.2f} | "
+                     f"{r['torch']} | {r['torch_wall_us']:.2f} | {r['torch_enqueue_us']:.2f} | "
+                     f"{r['ratio_wall']:.2f} | {r['ratio_enqueue']:.2f} |")
+    return lines + [""]
+
+
+# ------------------------------------------------------------------------------ part 2: the shape set
+
+
+def weight_sets(n: int, k: int) -> list[torch.Tensor]:
+    """Random normal weights, as many copies (1 to 8) as make the set exceed the L2 cache three times."""
+    sets = max(1, min(8, math.ceil(L2_ROTATION_BYTES / (n * k * 2))))
+    return [torch.randn(n, k, device="cuda", dtype=DTYPE) / math.sqrt(k) for _ in range(sets)]
+
+
+def bench_projection(pm, name: str, n: int, k: int, ms: tuple[int, ...], kernels: list[str],
+                     rounds: int) -> list[dict]:
+    weights = weight_sets(n, k)
+    sets = len(weights)
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=DTYPE)
+        reference = F.linear(x.float(), weights[0].float())
+        runners = {"torch": lambda i: F.linear(x, weights[i % sets])}
+        for kernel in kernels:
+            runners[kernel] = lambda i, kernel=kernel: pm.linear(x, weights[i % sets], kernel=kernel)
+        row = {"projection": name, "m": m, "n": n, "k": k, "weight_sets": sets, "results": {}}
+        calls, batches = {}, {}
+        with torch.no_grad():
+            for col, fn in runners.items():
+                out = fn(0)
+                torch.cuda.synchronize()
+                err = (out.float() - reference).norm().item() / max(reference.norm().item(), 1e-30)
+                probe = time_per_call(fn, 1, 1)
+                calls[col] = max(sets, calls_per_batch(probe))
+                batches[col] = 5 if probe < 0.05 else 2
+                row["results"][col] = {"rel_error": err}
+            # Each column twice: its eager calls, and replays of one graph of several
+            # calls (per call: the replay's time over its calls), all interleaved.
+            graph_calls, timed, timed_calls, timed_batches = {}, {}, {}, {}
+            for col, fn in runners.items():
+                timed[col], timed_calls[col], timed_batches[col] = fn, calls[col], batches[col]
+                graph_calls[col] = max(1, min(calls[col], 4 * sets, GRAPH_OUTPUT_BYTES // (m * n * 2)))
+                try:
+                    graph = capture(fn, graph_calls[col])
+                except Exception as exc:  # noqa: BLE001 - a capture failure is a result to report
+                    row["results"][col]["graph_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                    continue
+                timed[f"{col} graph"] = lambda _, graph=graph: graph.replay()
+                timed_calls[f"{col} graph"] = max(1, calls[col] // graph_calls[col])
+                timed_batches[f"{col} graph"] = batches[col]
+            times = interleaved_times(timed, timed_calls, timed_batches, rounds)
+            eager = {col: times[col] for col in runners}
+            graph = {col: [t / graph_calls[col] for t in times.get(f"{col} graph", [])] for col in runners}
+            del timed
+        flop = 2.0 * m * n * k
+        moved = 2.0 * (n * k + m * k + m * n)
+        for col in runners:
+            res = row["results"][col]
+            for mode, times in (("eager", eager[col]), ("graph", graph[col])):
+                if times:
+                    seconds = statistics.median(times)
+                    res[f"{mode}_us"] = seconds * 1e6
+                    res[f"{mode}_tflops"] = flop / seconds / 1e12
+                    res[f"{mode}_gbs"] = moved / seconds / 1e9
+        base = row["results"]["torch"]
+        for col in kernels:
+            res = row["results"][col]
+            for mode in ("eager", "graph"):
+                if f"{mode}_us" in res and f"{mode}_us" in base:
+                    res[f"{mode}_ratio"] = base[f"{mode}_us"] / res[f"{mode}_us"]
+        rows.append(row)
+        print(json.dumps({"projection": name, "m": m, "n": n, "k": k,
+                          **{f"{c}_{mode}": round(r.get(f"{mode}_us", float("nan")), 2)
+                             for c, r in row["results"].items() for mode in ("eager", "graph")},
+                          **{f"{c}_err": f"{r['rel_error']:.1e}" for c, r in row["results"].items()}}), flush=True)
+        del x, reference
+    del weights
+    torch.cuda.empty_cache()
+    return rows
+
+
+def shapes_markdown(rows: list[dict], kernels: list[str], copy_gbs: float) -> list[str]:
+    lines = ["## Projections of Llama-3-8B and -70B", "",
+             f"F.linear (torch) against pm.linear; bf16, no bias; us per call (eager: back-to-back calls; graph: "
+             f"replays of one CUDA graph of several calls), weights rotated past the L2 cache, interleaved rounds, "
+             f"median; ratio: torch's time / ours (above 1: ours faster); GB/s: weights + x + output once each "
+             f"(device-to-device copy on this GPU: {copy_gbs:.0f} GB/s, read + write).", ""]
+    for kernel in kernels:
+        lines += [f"### kernel={kernel!r}", "",
+                  "| projection | M x N x K | torch eager us | ours eager us | eager ratio | torch graph us | "
+                  "ours graph us | graph ratio | ours graph TFLOP/s | ours graph GB/s | rel. error |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            t, o = r["results"]["torch"], r["results"][kernel]
+            flag = "" if o["rel_error"] < 1e-2 else " **WRONG**"
+            lines.append(
+                f"| {r['projection']} | {r['m']}x{r['n']}x{r['k']} | {t.get('eager_us', math.nan):.1f} | "
+                f"{o.get('eager_us', math.nan):.1f} | {o.get('eager_ratio', math.nan):.2f} | "
+                f"{t.get('graph_us', math.nan):.1f} | {o.get('graph_us', math.nan):.1f} | "
+                f"{o.get('graph_ratio', math.nan):.2f} | {o.get('graph_tflops', math.nan):.1f} | "
+                f"{o.get('graph_gbs', math.nan):.0f} | {o['rel_error']:.1e}{flag} |")
+        lines.append("")
+        for label, ms in (("decode", DECODE_M), ("prefill", PREFILL_M)):
+            sub = [r for r in rows if r["m"] in ms]
+            for mode in ("eager", "graph"):
+                ratios = [r["results"][kernel].get(f"{mode}_ratio") for r in sub]
+                ratios = [x for x in ratios if x]
+                if ratios:
+                    worst = min((r["results"][kernel][f"{mode}_ratio"], r["projection"], r["m"]) for r in sub
+                                if r["results"][kernel].get(f"{mode}_ratio"))
+                    lines.append(f"- {label} set, {mode}: geomean ratio {geomean(ratios):.3f} over {len(ratios)} "
+                                 f"cases; lowest {worst[0]:.2f} ({worst[1]}, M={worst[2]})")
+        small = [r["results"][kernel].get("graph_gbs") for r in rows if r["m"] <= 16]
+        small = [x for x in small if x]
+        if small:
+            lines.append(f"- M <= 16, graph: weights and activations at {min(small):.0f}-{max(small):.0f} GB/s, "
+                         f"{min(small) / copy_gbs:.0%}-{max(small) / copy_gbs:.0%} of the copy bandwidth")
+        lines.append("")
+    return lines
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy of 2 GiB, GB/s counting bytes read plus bytes written (median of 10)."""
+    src = torch.randn(2**30 // 2, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    seconds = time_per_call(lambda _: dst.copy_(src), 1, 10)
+    return 2 * src.numel() * src.element_size() / seconds / 1e9
+
+
+# ------------------------------------------------------------------------------ part 3: the model
+
+
+def llama3_8b_config(layers: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                       max_position_embeddings=8192, rope_theta=500000.0)
+
+
+def model_cases(model, config, prompt: int = 512):
+    """(name, tokens, forward, prefill) of each case: forward() runs one step on static
+    tensors (capturable in a CUDA graph) and returns the logits; prefill, if not None,
+    fills the KV cache with the prompt first."""
+    from transformers import StaticCache
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    cases = []
+    for batch, seq in ((1, 2048), (4, 2048)):
+        ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=gen)
+        cases.append((f"prefill {batch}x{seq}", batch * seq, lambda ids=ids: model(input_ids=ids, use_cache=False).logits,
+                      None))
+    for batch in (1, 32):
+        prompt_ids = torch.randint(0, config.vocab_size, (batch, prompt), device="cuda", generator=gen)
+        step_ids = torch.randint(0, config.vocab_size, (batch, 1), device="cuda", generator=gen)
+        cache = StaticCache(config=config, max_cache_len=prompt + 8)
+        position = torch.tensor([prompt], device="cuda")
+
+        def prefill(prompt_ids=prompt_ids, cache=cache):
+            cache.reset()
+            model(input_ids=prompt_ids, past_key_values=cache, cache_position=torch.arange(prompt, device="cuda"),
+                  use_cache=True)
+
+        def step(step_ids=step_ids, cache=cache, position=position):
+            # The static cache counts the tokens it holds on the GPU and appends at
+            # that count: set it back to the prompt, so every step (eager, or a
+            # graph replay) decodes the same token at the same position.
+            for layer in cache.layers:
+                layer.cumulative_length.fill_(prompt)
+            return model(input_ids=step_ids, past_key_values=cache, cache_position=position, use_cache=True).logits
+
+        cases.append((f"decode batch {batch} (KV cache {prompt})", batch, step, prefill))
+    return cases
+
+
+def time_case(forward, prefill, graphs: bool, iters: int) -> tuple[torch.Tensor, float]:
+    """(logits, median ms per forward), eager or replaying a captured graph of one forward."""
+    if prefill is not None:
+        prefill()
+    logits = forward().clone()
+    if not graphs:
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            forward()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return logits, statistics.median(times)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            static_logits = forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = static_logits.clone()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
+    return replayed, statistics.median(times)
+
+
+def normwise(got: torch.Tensor, ref: torch.Tensor) -> float:
+    num = den = 0.0
+    for g, r in zip(got.reshape(-1, got.shape[-1]).split(512), ref.reshape(-1, ref.shape[-1]).split(512)):
+        num += (g.float() - r.float()).pow(2).sum().item()
+        den += r.float().pow(2).sum().item()
+    return math.sqrt(num / max(den, 1e-30))
+
+
+def model_benchmark(build_dir: Path, layers: int, iters: int) -> list[dict]:
+    from kernelize_linear import kernelize_linears, linear_repository
+    from kernels import Mode
+    from transformers import LlamaForCausalLM
+
+    config = llama3_8b_config(layers)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(DTYPE).eval()
+    cases = model_cases(model, config)
+    rows = {name: {"case": name, "tokens": tokens} for name, tokens, _, _ in cases}
+    reference = {}
+    for kernelized in (False, True):
+        if kernelized:
+            kernelize_linears(model, mode=Mode.INFERENCE, repository=linear_repository(build_dir))
+        label = "kernelized" if kernelized else "torch"
+        for name, _, forward, prefill in cases:
+            for graphs in (False, True):
+                mode = "graph" if graphs else "eager"
+                try:
+                    with torch.no_grad():
+                        logits, ms = time_case(forward, prefill, graphs, iters)
+                except Exception as exc:  # noqa: BLE001 - a failed case is a result to report
+                    rows[name][f"{label}_{mode}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                    print(name, label, mode, "FAILED:", rows[name][f"{label}_{mode}_error"], flush=True)
+                    continue
+                rows[name][f"{label}_{mode}_ms"] = ms
+                if not kernelized and not graphs:
+                    reference[name] = logits
+                else:
+                    rows[name][f"{label}_{mode}_rel_error"] = normwise(logits, reference[name])
+                print(name, label, mode, f"{ms:.3f} ms", flush=True)
+                del logits
+    del model, reference
+    torch.cuda.empty_cache()
+    for row in rows.values():
+        for mode in ("eager", "graph"):
+            if f"torch_{mode}_ms" in row and f"kernelized_{mode}_ms" in row:
+                row[f"{mode}_ratio"] = row[f"torch_{mode}_ms"] / row[f"kernelized_{mode}_ms"]
+    return list(rows.values())
+
+
+def model_markdown(rows: list[dict], layers: int, iters: int) -> list[str]:
+    lines = [f"## Llama-3-8B-shaped model ({layers} layers, random weights), bf16", "",
+             f"CUDA events, median of {iters} forwards (eager) or graph replays; ratio: torch ms / kernelized ms; "
+             "rel. error: kernelized logits against torch's eager logits (the graph row: replayed logits).", "",
+             "| case | torch eager ms | kernelized eager ms | eager ratio | torch graph ms | kernelized graph ms "
+             "| graph ratio | rel. error eager / graph (torch graph) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        def cell(key, fmt="{:.3f}"):
+            return fmt.format(r[key]) if key in r else ("failed" if key.replace("_ms", "_error") in r else "n/a")
+        lines.append(
+            f"| {r['case']} | {cell('torch_eager_ms')} | {cell('kernelized_eager_ms')} | {cell('eager_ratio', '{:.2f}')} | "
+            f"{cell('torch_graph_ms')} | {cell('kernelized_graph_ms')} | {cell('graph_ratio', '{:.2f}')} | "
+            f"{cell('kernelized_eager_rel_error', '{:.1e}')} / {cell('kernelized_graph_rel_error', '{:.1e}')} "
+            f"({cell('torch_graph_rel_error', '{:.1e}')}) |")
+    failures = [f"- {r['case']}, {key.removesuffix('_error')}: {value}" for r in rows for key, value in r.items()
+                if key.endswith("_error") and isinstance(value, str)]
+    return lines + [""] + failures + ([""] if failures else [])
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def parse_projection(text: str) -> str:
+    if text not in PROJECTIONS:
+        raise argparse.ArgumentTypeError(f"unknown projection {text!r}; choose from {', '.join(PROJECTIONS)}")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", nargs="+", choices=("host", "shapes", "model"), default=["host", "shapes", "model"])
+    parser.add_argument("--kernels", nargs="+", default=["auto"], help="kernel= values of pm.linear (default: auto)")
+    parser.add_argument("--projections", nargs="+", type=parse_projection, default=list(PROJECTIONS))
+    parser.add_argument("--ms", nargs="+", type=int, default=[*DECODE_M, *PREFILL_M], help="M values of the shape set")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case (median kept)")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers of the model (default: %(default)s)")
+    parser.add_argument("--iters", type=int, default=20, help="timed forwards per model case")
+    parser.add_argument("--build", type=Path, default=ROOT / "build")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--tag", default="model-benchmark")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.iters < 1 or args.layers < 1 or min(args.ms) < 1:
+        parser.error("--rounds, --iters, --layers and every --ms value must be >= 1")
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU; none is present here")
+
+    pm, how = load_kernel(args.build.resolve().parent)
+    env = environment(pm, how)
+    warm_up_gpu()
+    report = {"environment": env}
+    lines = ["# Real-model shapes: persistent_matmul against torch", "", *environment_lines(env), ""]
+    if "host" in args.parts:
+        report["host"] = host_cost(pm)
+        lines += host_markdown(report["host"])
+    if "shapes" in args.parts:
+        env["copy_gbs"] = copy_bandwidth()
+        rows = []
+        for name in args.projections:
+            n, k = PROJECTIONS[name]
+            rows += bench_projection(pm, name, n, k, tuple(args.ms), args.kernels, args.rounds)
+        report["shapes"] = rows
+        lines += shapes_markdown(rows, args.kernels, env["copy_gbs"])
+    if "model" in args.parts:
+        report["model"] = model_benchmark(args.build, args.layers, args.iters)
+        lines += model_markdown(report["model"], args.layers, args.iters)
+    env["clocks_at_end"] = gpu_clocks()
+    lines.append(f"Clocks at the end: {env['clocks_at_end']}")
+    text = "\n".join(lines) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{datetime.date.today().isoformat()}-{args.tag}"
+    (args.out / f"{stem}.md").write_text(text)
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
