@@ -260,9 +260,10 @@ constexpr int kChunkK = kWarps * kStepK;       // 512 elements of K per stage
 constexpr int kRowPitch = kChunkK * 2 + 16;    // bytes per weight row in a stage: padded against bank conflicts
 constexpr int kStageBytes = kRows * kRowPitch;
 // More tokens: the register kernel. Each CTA reads the tokens again for every
-// unit of 16 rows, and from 32 tokens on that traffic outweighs the weights'
-// (H200: 1.4-1.9 TB/s against the register kernel's 1.8-2.2 at M = 32).
-constexpr int kBulkMaxTokens = 16;
+// unit of 16 rows, and from 16 tokens on that traffic outweighs the weights'
+// (H200, CUDA graphs, 4096 x 14336 weights: 57 us at M = 16 against the
+// register kernel's 40 us at M = 32).
+constexpr int kBulkMaxTokens = 8;
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -450,7 +451,7 @@ cudaError_t launch_for_tokens(const MatmulProblem& p, cudaStream_t stream) {
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
   if (compute_major(device) >= 9 && p.m <= kBulkMaxTokens) {
-    return p.m <= 8 ? launch_bulk<T, 1, 6>(p, stream, device) : launch_bulk<T, 2, 6>(p, stream, device);
+    return launch_bulk<T, 1, 6>(p, stream, device);
   }
   if (p.m <= 8) return launch_typed<T, 1, 4>(p, stream);
   if (p.m <= 16) return launch_typed<T, 2, 4>(p, stream);

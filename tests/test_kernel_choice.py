@@ -35,16 +35,18 @@ def test_readme_table_is_what_the_op_entry_chooses(pm, repo_root):
 
 
 @pytest.mark.parametrize("sms", [60, 108, 132, 188])
-def test_splitk_needs_two_rounds_of_its_ctas(pm, sms):
-    """splitk is chosen up to its token limit and from N = 2 x 16 x SMs on, for K-major
-    weights only; the SM count is the device's (a 60-SM slice, an RTX Pro 6000's 188)."""
+def test_splitk_from_1024_weight_rows(pm, sms):
+    """splitk is chosen up to its token limit and from N = 1024 on (64 CTAs of 16 weight
+    rows), for K-major weights only, whatever the SM count (a 60-SM slice, an RTX Pro
+    6000's 188)."""
     choose = pm._matmul.ops.choose_kernel
-    edge = 32 * sms
-    assert choose(9, 0, sms, torch.bfloat16, 1, edge, True) == "splitk"
-    assert choose(9, 0, sms, torch.bfloat16, 1, edge - 1, True) == "wgmma_persistent"
-    assert choose(9, 0, sms, torch.bfloat16, 1, edge, False) == "wgmma_persistent"
-    assert choose(8, 0, sms, torch.float16, 1, edge, True) == "splitk"
-    assert choose(8, 0, sms, torch.float16, 1, edge - 1, True) == "persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 1024, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 32, 1024, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 33, 1024, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 1023, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 1024, False) == "wgmma_persistent"
+    assert choose(8, 0, sms, torch.float16, 1, 1024, True) == "splitk"
+    assert choose(8, 0, sms, torch.float16, 1, 1023, True) == "persistent"
 
 
 def test_fp32_and_old_gpus(pm):

@@ -60,18 +60,18 @@ inline int rung_chunk_elements(Rung r) {
 
 // splitk by default up to this many tokens (rows of A), where it streams the
 // weights faster than the tile rungs compute them (H200, CUDA graphs, the
-// Llama-3-8B projections: 1.25-2.2x wgmma_persistent's speed up to 16 tokens,
-// 0.99-1.15x at 32, 0.52-1.06x at 64; benchmarks/NOTES.md, "Why a split-K rung
-// for decode"), and only where its CTAs (16 rows of the weights each) fill the
-// SMs twice over.
+// Llama-3 projections: 1.4-2.1x wgmma_persistent's speed up to 32 tokens,
+// 0.37-0.75x at 64; benchmarks/NOTES.md, "Why a split-K rung for decode"),
+// from 1024 weight rows (64 CTAs) on, the narrowest measured: 2.1x there
+// (1024 x 4096, one token).
 constexpr int64_t kSplitkAutoTokens = 32;
-inline bool splitk_fills(const DeviceFacts& d, int64_t n) { return n >= int64_t(2) * 16 * d.sms; }
+constexpr int64_t kSplitkAutoMinRows = 1024;
 
 // kernel="auto": splitk for skinny products with K-major weights, then the
 // fastest tile rung the GPU runs (wgmma_persistent on Hopper, persistent
 // elsewhere), warptiled for fp32, naive where nothing else runs.
 inline std::optional<Rung> choose_auto(const DeviceFacts& d, ElementType t, int64_t m, int64_t n, bool b_kmajor) {
-  if (t != ElementType::kFloat32 && m <= kSplitkAutoTokens && b_kmajor && splitk_fills(d, n) &&
+  if (t != ElementType::kFloat32 && m <= kSplitkAutoTokens && b_kmajor && n >= kSplitkAutoMinRows &&
       rung_runs_on(Rung::kSplitk, d)) {
     return Rung::kSplitk;
   }
