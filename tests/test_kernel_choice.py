@@ -31,7 +31,7 @@ def test_readme_table_is_what_the_op_entry_chooses(pm, repo_root):
     for gpu, capability, sms, dtype, m, n, layout, rung in rows:
         major, minor = (int(x) for x in capability.split("."))
         got = choose(major, minor, int(sms), DTYPES[dtype], int(m), int(n), layout == "K-major")
-        assert got == rung.strip("`"), f"{gpu} {dtype} {m}x{n} {layout}: the op entry runs {got}, README says {rung}"
+        assert got == rung.strip("`").split(":")[0], f"{gpu} {dtype} {m}x{n} {layout}: the op entry runs {got}, README says {rung}"
 
 
 @pytest.mark.parametrize("sms", [60, 108, 132, 188])
