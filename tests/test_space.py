@@ -299,7 +299,8 @@ def test_gpu_work_without_gpu(monkeypatch):
     info = gpu_work.device_info()
     assert info["kernel_loaded"], info["kernel"]
     assert info["gpu"] is None and info["message"] == "no CUDA device"
-    assert set(info["rungs"]) == {"naive", "warptiled", "tiled", "persistent", "wgmma", "wgmma_persistent", "cuBLAS"}
+    assert set(info["rungs"]) == {"naive", "warptiled", "tiled", "persistent", "wgmma", "wgmma_persistent", "splitk",
+                                  "cuBLAS"}
     assert all(not r["available"] and "CUDA" in r["reason"] for r in info["rungs"].values())
     assert gpu_work.run_benchmark(["tiled"], "bfloat16", [(64, 64, 64)])["error"] == "no CUDA device"
     assert gpu_work.run_timeline(64, 64, 64)["error"] == "no CUDA device"

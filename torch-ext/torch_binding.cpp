@@ -26,6 +26,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "matmul_problem.h"
 #include "registration.h"
@@ -93,20 +94,24 @@ void check_same(const Tensor& t, const char* name, const Tensor& first, const ch
 
 // ------------------------------------------------------------------ devices
 
-// A device's facts, asked of the runtime once per device: they do not change,
-// and each query costs host time on every call otherwise.
+// Every device's facts, asked of the runtime once (a function-local static, not
+// std::call_once, whose pthread_once would need glibc 2.34): they do not
+// change, and each query costs host time on every call otherwise.
 const DeviceFacts& device_facts(int32_t device) {
-  constexpr int kDevices = 64;
-  static std::array<DeviceFacts, kDevices> facts;
-  static std::array<std::once_flag, kDevices> once;
-  STD_TORCH_CHECK(device >= 0 && device < kDevices, "persistent_matmul: device index ", device, " out of range");
-  std::call_once(once[device], [device] {
-    DeviceFacts& f = facts[device];
-    cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device);
-    cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
-  });
-  return facts[device];
+  static const std::vector<DeviceFacts> facts = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    std::vector<DeviceFacts> all(size_t(count > 0 ? count : 0));
+    for (int d = 0; d < count; ++d) {
+      cudaDeviceGetAttribute(&all[d].major, cudaDevAttrComputeCapabilityMajor, d);
+      cudaDeviceGetAttribute(&all[d].minor, cudaDevAttrComputeCapabilityMinor, d);
+      cudaDeviceGetAttribute(&all[d].sms, cudaDevAttrMultiProcessorCount, d);
+    }
+    return all;
+  }();
+  STD_TORCH_CHECK(device >= 0 && size_t(device) < facts.size(), "persistent_matmul: device index ", device,
+                  " out of range");
+  return facts[size_t(device)];
 }
 
 cudaStream_t current_stream(int32_t device) {
