@@ -1,14 +1,14 @@
 """Benchmark every kernel rung against torch.matmul on this GPU, in one run.
 
-Follows DESIGN.md §7: CUDA events around batches of back-to-back launches
-(so small shapes measure launch overhead as such), warm-up first, the median
-of several batches, in 3 rounds that interleave the columns (the median
+The timing is harness.timing's: CUDA events around batches of back-to-back
+launches (so small shapes measure launch overhead as such), a warm-up first, the
+median of several batches, in 3 rounds that interleave the columns (the median
 round kept; the table notes the largest round-to-round spread), input sets
 rotated so they exceed the L2 cache, random normal inputs. Every figure is
 reported as TFLOP/s and as a ratio to torch.matmul measured in the same run,
-with the GPU, clocks, power, torch/CUDA versions and commit in the header. Each rung's output is also
-compared with torch.matmul's once (relative error), so a fast wrong kernel
-cannot pass unnoticed.
+with the GPU, clocks, power, torch/CUDA versions, commit and command in the
+header. Each rung's output is also compared with torch.matmul's once (relative
+error), so a fast wrong kernel cannot pass unnoticed.
 
     python scripts/benchmark_table.py [--out DIR] [--shapes 4096x4096x4096 ...] [--rungs persistent tiled]
 
@@ -18,36 +18,34 @@ Writes <date>-benchmark.md, .json and .png to --out (default benchmarks/results/
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import math
-import random
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from matmul_checks import (CLUSTER_VARIANT, TILE_ORDER_VARIANTS, environment, environment_lines,  # noqa: E402
-                           gpu_clocks, load_kernel, run_variant)
+from harness.kernel import CLUSTER_VARIANT, TILE_ORDER_VARIANTS, load_kernel, run_variant
+from harness.provenance import command_line, environment, environment_lines, gpu_clocks
+from harness.results import RESULTS_DIR, result_path
+from harness.timing import (calls_per_batch, geomean, interleaved_times, parse_shape, rotated_inputs,
+                            time_per_call, warm_up_gpu)
 
 SHAPES = [
     (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
     (4096, 11008, 4096), (4096, 4096, 11008), (8192, 8192, 1024), (3000, 3000, 3000),
     (4097, 4097, 4097), (128, 4096, 4096), (16, 4096, 4096),
 ]
-L2_ROTATION_BYTES = 3 * 60 * 2**20  # input sets together exceed the H200's 60 MB L2 three times
 NAIVE_MAX_FLOP = 4.0e11  # the naive rung runs ~5 TFLOP/s: skip shapes that would take seconds
 # (persistent rung, its one-CTA-per-tile twin): the table adds their ratio and
 # columns for the persistent rung in its other tile orders.
 PERSISTENT_PAIRS = [("persistent", "tiled"), ("wgmma_persistent", "wgmma")]
+DEFAULT_DTYPES = ["bfloat16", "float32"]
 
 
 def with_variant_columns(rungs: list[str], variants: bool = True) -> list[str]:
-    """rungs, plus "<persistent rung>-grouped" and "-hilbert" (the tile orders other
-    than the default) after each persistent rung among them, and wgmma_persistent
+    """rungs, plus "<persistent rung>-<order>" for each tile order other than the
+    default (TILE_ORDER_VARIANTS) after each persistent rung among them, and wgmma_persistent
     as single CTAs ("wgmma_persistent-cluster1": its default runs CTA pairs);
     just rungs if not `variants`."""
     out = []
@@ -60,74 +58,6 @@ def with_variant_columns(rungs: list[str], variants: bool = True) -> list[str]:
         if name == "wgmma_persistent":
             out.append(f"{name}-{CLUSTER_VARIANT}")
     return out
-
-
-def warm_up_gpu(seconds: float = 2.0) -> None:
-    """Run large products for a while first, so the SM clock has left idle (345 MHz
-    on the H200) before the first shape is measured."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    elapsed = 0.0
-    while elapsed < seconds * 1e3:
-        for _ in range(20):
-            torch.matmul(a, a)
-        end.record()
-        end.synchronize()
-        elapsed = start.elapsed_time(end)
-
-
-def time_per_call(fn, calls_per_batch: int, batches: int) -> float:
-    """Median seconds per call over `batches` batches of back-to-back calls."""
-    fn(0)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(batches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(calls_per_batch):
-            fn(i)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / calls_per_batch)
-    return statistics.median(times)
-
-
-def interleaved_times(runners: dict, calls: dict, batches: dict, rounds: int) -> dict[str, list[float]]:
-    """Seconds per call of each runner (name -> fn(i)) in each of `rounds` rounds:
-    every round times each runner once (time_per_call with its calls per batch and
-    batches), in an order shuffled per round with the round as seed, the same for
-    every run. In a fixed order each column always ran after the same one, and two
-    tile orders of one rung traded a 4-5% lead when their columns traded places
-    (2026-11-30, benchmarks/NOTES.md)."""
-    times = {name: [] for name in runners}
-    for r in range(rounds):
-        order = list(runners)
-        random.Random(r).shuffle(order)
-        for name in order:
-            times[name].append(time_per_call(runners[name], calls[name], batches[name]))
-    return times
-
-
-def geomean(values: list[float]) -> float:
-    """The geometric mean of positive numbers."""
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-def calls_per_batch(seconds_per_call: float) -> int:
-    """Calls in a batch of about 2 ms (1 to 200), so CUDA events time a batch, not one launch."""
-    return max(1, min(200, int(2e-3 / max(seconds_per_call, 1e-7))))
-
-
-def rotated_inputs(m: int, n: int, k: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Random normal (a, b) pairs, as many as it takes (up to 16) for all of them
-    together to exceed the L2 cache three times: calls that rotate through them
-    read their operands from memory, as a model's layers would."""
-    set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
-    sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
-    return [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
-            for _ in range(sets)]
 
 
 def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str], tf32: bool,
@@ -190,11 +120,6 @@ def per_call_floor(pm, dtype: torch.dtype, rungs: list[str], size: int = 16) -> 
     return floors
 
 
-def parse_shape(text: str) -> tuple[int, int, int]:
-    m, n, k = (int(x) for x in text.lower().split("x"))
-    return m, n, k
-
-
 def markdown(env: dict, rows: list[dict], columns: list[str], floors: dict[str, dict[str, float]]) -> str:
     lines = [*environment_lines(env), ""]
     for dtype, floor in floors.items():
@@ -244,18 +169,18 @@ def markdown(env: dict, rows: list[dict], columns: list[str], floors: dict[str, 
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--shapes", nargs="*", type=parse_shape, default=SHAPES)
     parser.add_argument("--rungs", nargs="*", default=None, help="default: every available rung")
-    parser.add_argument("--dtypes", nargs="*", default=["bfloat16", "float32"])
-    parser.add_argument("--tag", default="benchmark")
+    parser.add_argument("--dtypes", nargs="*", default=DEFAULT_DTYPES)
+    parser.add_argument("--tag", default="benchmark", help="the files' kind: <date>-<tag>.md (default: benchmark)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median kept)")
     parser.add_argument("--no-variants", dest="variants", action="store_false",
                         help="only the rungs' default configurations: no tile-order or cluster columns, "
                              "so a run takes less device time")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmark_table.py needs a CUDA GPU; none is present here.", file=sys.stderr)
         return 2
@@ -263,6 +188,7 @@ def main() -> int:
     warm_up_gpu()
     available = {n: a for n, a in pm.available_kernels().items() if a.available}
     env = environment(pm, how)
+    env["command"] = command_line()
     rows = []
     floors = {}
     for dtype_name in args.dtypes:
@@ -280,14 +206,14 @@ def main() -> int:
     columns = with_variant_columns([n for n in (args.rungs or available) if n in available], args.variants)
     text = markdown(env, rows, columns, floors)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{datetime.date.today().isoformat()}-{args.tag}"
-    (args.out / f"{stem}.md").write_text(text + "\n")
-    (args.out / f"{stem}.json").write_text(json.dumps({"environment": env, "rows": rows, "per_call_floor_us": floors},
-                                                      indent=1) + "\n")
+    result = {"environment": env, "rows": rows, "per_call_floor_us": floors}
+    json_path = result_path(args.out, args.tag, "json")
+    json_path.with_suffix(".md").write_text(text + "\n")
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
     try:
         from plot_benchmark import plot
 
-        plot({"environment": env, "rows": rows}, args.out / f"{stem}.png")
+        plot(result, json_path.with_suffix(".png"))
     except ImportError:  # no matplotlib: the table is the result, the plot a convenience
         print("matplotlib missing: no plot written", file=sys.stderr)
     print(text)

@@ -5,9 +5,9 @@ For each rung that runs on the GPU (or those named by --kernels), each dtype (bf
 fp16, fp32) and each shape M, N in SIZES x K in K_SIZES:
 
 * random normal operands, output poisoned with NaN, result compared with an fp64
-  product of the same rounded inputs by normwise relative error against the bound
-  of DESIGN.md section 7 (bf16 1e-2, fp16 2e-3, fp32 1e-4), the denominator kept
-  from cancelling to near zero by chance (matmul_checks.cancellation_floor);
+  product of the same rounded inputs by normwise relative error against the
+  dtype's bound (harness.checks.TOLERANCE: bf16 1e-2, fp16 2e-3, fp32 1e-4), the
+  denominator kept from cancelling to near zero by chance (cancellation_floor);
 * all four operand layouts (a and/or b transposed, i.e. strided) where
   M*N*K <= 2**31, only plain and both-transposed above that, to bound the run time;
 * bit-exact small-integer cases on a subset of shapes (every output must equal the
@@ -40,27 +40,12 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+import torch
 
-import torch  # noqa: E402
-
-from matmul_checks import (  # noqa: E402
-    DECODE_M,
-    DTYPE_NAMES,
-    MODEL_PROJECTIONS,
-    TOLERANCE,
-    check_exact,
-    environment,
-    environment_lines,
-    exact_int_operands,
-    gpu_clocks,
-    load_kernel,
-    matmul_error,
-    nan_count,
-    poison,
-    random_operands,
-)
+from harness.checks import (DECODE_M, DTYPE_NAMES, MODEL_PROJECTIONS, TOLERANCE, check_exact, exact_int_operands,
+                            matmul_error, nan_count, poison, random_operands)
+from harness.kernel import REPO_ROOT as REPO, load_kernel
+from harness.provenance import environment, environment_lines, gpu_clocks
 
 DEVICE = "cuda"
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -78,8 +63,8 @@ ALL_LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]  # (a
 LARGE_LAYOUTS = [(False, False), (True, True)]
 FULL_LAYOUT_LIMIT = 2**31  # M*N*K up to which all four layouts run
 
-# For the run-time estimate: the naive rung runs about 5 TFLOP/s on bf16 on the H200
-# (DESIGN.md section 7); each case also pays launches, the fp64 reference and syncs.
+# For the run-time estimate: the naive rung, the slowest, runs about 5 TFLOP/s on
+# bf16 on the H200; each case also pays launches, the fp64 reference and syncs.
 ASSUMED_TFLOPS = 5.0
 ASSUMED_CASE_OVERHEAD_S = 0.003
 DEFAULT_BUDGET_S = 240.0

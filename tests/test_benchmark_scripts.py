@@ -1,18 +1,19 @@
 """CPU tests of the device scripts, for what needs no GPU: the benchmark's columns,
-compare_builds' refusal of a comparison that would measure nothing, and that the
-shell scripts parse."""
+compare_builds' refusal of a comparison that would measure nothing, the one timing
+loop, the names of the results files, and that the shell scripts parse."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+from benchmark_table import with_variant_columns
+from harness.kernel import CLUSTER_VARIANT, TILE_ORDER_VARIANTS
 
-from benchmark_table import with_variant_columns  # noqa: E402
-from matmul_checks import CLUSTER_VARIANT, TILE_ORDER_VARIANTS  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
 
 
 def test_variant_columns_follow_each_persistent_rung():
@@ -47,7 +48,7 @@ def test_compare_builds_needs_a_round(repo_root, subprocess_env):
 
 
 def test_device_shell_scripts_parse():
-    """`bash -n` on the scripts meant for the GPU machine: a syntax error there costs a device call."""
+    """`bash -n` on the scripts meant for the GPU machine: a syntax error there costs a run on it."""
     scripts = sorted(SCRIPTS.glob("*.sh"))
     assert scripts
     for script in scripts:
@@ -88,7 +89,7 @@ def test_compare_builds_takes_two_rungs_of_one_build(variant_dir, repo_root, sub
 
 
 def test_geomean():
-    from compare_builds import geomean
+    from harness.timing import geomean
 
     assert abs(geomean([1.0, 4.0]) - 2.0) < 1e-12
     assert abs(geomean([0.5, 2.0, 1.0]) - 1.0) < 1e-12
@@ -128,7 +129,7 @@ def test_speed_of_light_columns_hand_out_every_k_block():
 
 
 def test_speed_of_light_kernel_compiles_to_hgmma(tmp_path):
-    """The k-loop compiles for sm_90a with the package's helpers, and keeps all its
+    """The k-loop compiles for sm_90a with the package's device functions, and keeps all its
     wgmmas (a k-loop whose accumulators went unused would lose them)."""
     from speed_of_light import compile_cubin
 
@@ -159,21 +160,21 @@ def test_interleaved_times_times_every_column_once_a_round_in_a_seeded_order(mon
     """The benchmark, compare_builds and speed_of_light share this loop: each round
     times every column once, in an order shuffled per round but the same from run
     to run, and each column's times are its own."""
-    import benchmark_table
+    from harness import timing
 
     timed = []
-    monkeypatch.setattr(benchmark_table, "time_per_call",
+    monkeypatch.setattr(timing, "time_per_call",
                         lambda fn, calls, batches: timed.append((fn(0), calls, batches)) or fn(0) * 10 + calls)
     runners = {name: (lambda v: lambda i: v)(v) for v, name in enumerate(["torch.matmul", "tiled", "wgmma", "k-loop"])}
     calls = {"torch.matmul": 1, "tiled": 2, "wgmma": 3, "k-loop": 4}
-    times = benchmark_table.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
+    times = timing.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
     assert times == {name: [v * 10 + calls[name]] * 3 for v, name in enumerate(runners)}
     assert len(timed) == 12 and all(batches == 2 for _, _, batches in timed)
     orders = [[v for v, _, _ in timed[r * 4:(r + 1) * 4]] for r in range(3)]
     assert all(sorted(order) == [0, 1, 2, 3] for order in orders)
     assert len({tuple(order) for order in orders}) > 1  # shuffled per round
     timed.clear()
-    benchmark_table.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
+    timing.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
     assert [[v for v, _, _ in timed[r * 4:(r + 1) * 4]] for r in range(3)] == orders  # the same every run
 
 
@@ -219,3 +220,62 @@ def test_sustained_columns_warm_each_column_and_take_ratios_to_torch(monkeypatch
     assert rows == [("torch.matmul", 2.0, 1500.0, 690.0, 1.0), ("k-loop", 1.0, 1500.0, 690.0, 2.0)]
     assert calls == [("torch", i) for i in range(20)] + [("torch", -1)] + \
         [("k-loop", i) for i in range(20)] + [("k-loop", -1)]
+
+
+# --- one timing loop -----------------------------------------------------------------
+
+
+def _function(path: Path, name: str) -> ast.FunctionDef:
+    return next(node for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.FunctionDef) and node.name == name)
+
+
+def _without_docstring(fn: ast.FunctionDef) -> str:
+    body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) else fn.body
+    return ast.dump(ast.Module(body=body, type_ignores=[])) + ast.dump(fn.args)
+
+
+def test_space_times_with_the_scripts_loop():
+    """The Space is uploaded without scripts/, so it keeps its own copy of the timing
+    loop: it must stay the scripts' loop statement for statement (arguments and
+    body; docstrings aside), or the page and the tables would measure differently."""
+    scripts_loop = _function(SCRIPTS / "harness" / "timing.py", "batch_time")
+    space_loop = _function(REPO / "space" / "gpu_work.py", "_time_per_call")
+    assert _without_docstring(space_loop) == _without_docstring(scripts_loop)
+    other = _function(SCRIPTS / "harness" / "timing.py", "time_per_call")  # a different function: must differ
+    assert _without_docstring(other) != _without_docstring(scripts_loop)
+
+
+def test_no_script_reaches_into_tests():
+    """The scripts import their shared code from scripts/harness/: none imports the
+    tests' module or puts tests/ on its path."""
+    for script in [*SCRIPTS.glob("*.py"), *SCRIPTS.glob("harness/*.py"), REPO / "space" / "record.py"]:
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module != "matmul_checks", script.name
+            elif isinstance(node, ast.Import):
+                assert "matmul_checks" not in [a.name for a in node.names], script.name
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "sys.path.insert":
+                assert "tests" not in ast.unparse(node), f"{script.name}: {ast.unparse(node)}"
+
+
+# --- the results files -----------------------------------------------------------------
+
+
+def test_latest_result_is_the_greatest_date_of_exactly_that_kind(tmp_path):
+    from harness.results import latest_result, result_path
+
+    assert latest_result(tmp_path / "missing", "benchmark") is None
+    for name in ("2026-01-02-benchmark.md", "2026-01-10-benchmark.md", "2026-01-03-benchmark.md",
+                 "2026-02-01-benchmark.json", "2026-03-01-model-benchmark.md", "2026-03-01-benchmark-fp32.md",
+                 "2026-04-01-correctness-splitk.md", "2026-01-05-correctness.md", "notes-benchmark.md"):
+        (tmp_path / name).write_text("")
+    assert latest_result(tmp_path, "benchmark").name == "2026-01-10-benchmark.md"
+    assert latest_result(tmp_path, "benchmark", "json").name == "2026-02-01-benchmark.json"
+    assert latest_result(tmp_path, "model-benchmark").name == "2026-03-01-model-benchmark.md"
+    assert latest_result(tmp_path, "correctness").name == "2026-01-05-correctness.md"
+    assert latest_result(tmp_path, "correctness-splitk").name == "2026-04-01-correctness-splitk.md"
+    assert latest_result(tmp_path, "demo") is None
+    import datetime
+
+    assert result_path(tmp_path, "demo", "md", datetime.date(2026, 7, 8)) == tmp_path / "2026-07-08-demo.md"
