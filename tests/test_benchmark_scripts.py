@@ -1,10 +1,12 @@
 """CPU tests of the device scripts, for what needs no GPU: the benchmark's columns,
 compare_builds' refusal of a comparison that would measure nothing, the one timing
-loop, the names of the results files, and that the shell scripts parse."""
+loop, the names of the results files, the correctness sweep's compact summary, and
+that the shell scripts parse."""
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -279,3 +281,39 @@ def test_latest_result_is_the_greatest_date_of_exactly_that_kind(tmp_path):
     import datetime
 
     assert result_path(tmp_path, "demo", "md", datetime.date(2026, 7, 8)) == tmp_path / "2026-07-08-demo.md"
+
+
+# --- the correctness sweep's summary ------------------------------------------------------
+
+
+def test_correctness_summary_is_compact_and_cases_only_on_request(tmp_path):
+    import correctness_sweep as sweep
+
+    cases = [sweep.Case("tiled", "bf16", "random", m, 64, 64, False, False, bound=1e-2, rel_error=1e-3,
+                        nan_count=0, passed=True, status="pass") for m in range(1, 3001)]
+    cases.append(sweep.Case("tiled", "bf16", "exact", 7, 9, 5, True, False, mismatches=3, nan_count=0,
+                            passed=False, status="fail"))
+    cases.append(sweep.Case("tiled", "bf16", "random", 8, 8, 8, False, True, bound=1e-2, rel_error=0.5,
+                            nan_count=1, passed=False, status="fail", fuzz=True))
+    rows = sweep.summarize(cases)
+    report = {"verdict": "FAIL", "stopped_early": None, "rungs": ["tiled"], "quick": False, "seed": 1,
+              "reproduce": "python scripts/correctness_sweep.py --seed 1", "environment": {"gpu": "Some GPU"},
+              "clocks_end": {}, "cases": len(cases), "total_tflop": 0.0, "estimated_seconds": 1.0,
+              "wall_seconds": 1.0, "full_layout_limit": 2.0**31, "tolerance": {"bf16": 1e-2}, "summary": rows}
+    written = sweep.write_reports(tmp_path / "out", "correctness-tiled", report, rows, cases)
+    assert [p.name for p in written] == [f"{p.name[:10]}-correctness-tiled.md" for p in written[:1]] + \
+        [f"{written[0].name[:10]}-correctness-tiled.json"]
+    summary = json.loads(written[1].read_text())
+    assert "results" not in summary and written[1].stat().st_size < 10_000
+    assert summary["failures"] == 2
+    assert [c["case"] for c in summary["failed_cases"]] == ["tiled bf16 exact 7x9x5 aT.b", "tiled bf16 fuzz 8x8x8 a.bT"]
+    (row,) = summary["summary"]
+    assert (row["random_cases"], row["random_failures"], row["fuzz_cases"], row["exact_failures"]) == (3001, 1, 1, 1)
+    assert row["worst_case"] == "tiled bf16 fuzz 8x8x8 a.bT" and row["max_rel_error"] == 0.5
+    assert "- tiled bf16 exact 7x9x5 aT.b: 3 of 63 elements differ, 0 NaN" in written[0].read_text()
+
+    per_case = tmp_path / "scratch" / "cases.json"
+    written = sweep.write_reports(tmp_path / "out", "correctness-tiled", report, rows, cases, per_case)
+    assert written[-1] == per_case
+    detail = json.loads(per_case.read_text())
+    assert len(detail["results"]) == len(cases) and "rel_error" in detail["result_columns"]
