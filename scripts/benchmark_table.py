@@ -11,21 +11,28 @@ header. Each rung's output is also compared with torch.matmul's once (relative
 error), so a fast wrong kernel cannot pass unnoticed.
 
     python scripts/benchmark_table.py [--out DIR] [--shapes 4096x4096x4096 ...] [--rungs persistent tiled]
+    python scripts/benchmark_table.py --from-json benchmarks/results/<date>-benchmark.json
 
-Writes <date>-benchmark.md, .json and .png to --out (default benchmarks/results/).
+Writes <date>-benchmark.md, .json and .png to --out (default benchmarks/results/),
+and the results table (the first dtype's shapes, the others' geomeans, the plot)
+into --readme (default the repo's README.md) between the lines
+``<!-- results-table:start -->`` and ``<!-- results-table:end -->``. With
+--from-json it measures nothing and only writes that table from a recorded run
+(the GPU machine's copy of the repo is discarded: record there, write here).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from harness.kernel import CLUSTER_VARIANT, TILE_ORDER_VARIANTS, load_kernel, run_variant
+from harness.kernel import CLUSTER_VARIANT, REPO_ROOT, TILE_ORDER_VARIANTS, load_kernel, run_variant
 from harness.provenance import command_line, environment, environment_lines, gpu_clocks
 from harness.results import RESULTS_DIR, result_path
 from harness.timing import (calls_per_batch, geomean, interleaved_times, parse_shape, rotated_inputs,
@@ -169,6 +176,112 @@ def markdown(env: dict, rows: list[dict], columns: list[str], floors: dict[str, 
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- the README's table
+
+README_START = "<!-- results-table:start -->"
+README_END = "<!-- results-table:end -->"
+
+
+def recorded_command(result: dict) -> str:
+    """The command that measured ``result``: as recorded, or, for a run recorded
+    before commands were, the options that its rows imply (rounds, tile-order and
+    cluster columns, shapes and dtypes other than the defaults)."""
+    env, rows = result["environment"], result["rows"]
+    if env.get("command"):
+        return env["command"]
+    words = ["python", "scripts/benchmark_table.py"]
+    if not any("-" in name for r in rows for name in r["results"]):
+        words.append("--no-variants")
+    rounds = {r.get("rounds", 3) for r in rows}
+    if rounds != {3}:
+        words += ["--rounds", str(max(rounds))]
+    shapes = list(dict.fromkeys((r["m"], r["n"], r["k"]) for r in rows))
+    if shapes != SHAPES:
+        words += ["--shapes", *("x".join(map(str, s)) for s in shapes)]
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    if dtypes != DEFAULT_DTYPES:
+        words += ["--dtypes", *dtypes]
+    return " ".join(words)
+
+
+def _link(path: Path, readme: Path) -> str:
+    """``path`` as a link target relative to the README's folder."""
+    return Path(os.path.relpath(Path(path).resolve(), Path(readme).resolve().parent)).as_posix()
+
+
+def readme_table(result: dict, json_path: Path, readme: Path) -> str:
+    """The README's results block for a recorded run: where, when, at which commit
+    and by which command it was measured; one table of the first dtype's shapes
+    (TFLOP/s and ratio to torch.matmul per rung, in its default configuration) with
+    a geomean row; a geomean line per other dtype; the plot, if drawn."""
+    env, rows = result["environment"], result["rows"]
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    table_md, plot = Path(json_path).with_suffix(".md"), Path(json_path).with_suffix(".png")
+    commit = (env.get("git_commit") or "unknown")[:12]
+    gpu = env.get("gpu", "an unnamed GPU") + (f" ({env['sm_count']} SMs)" if env.get("sm_count") else "")
+    versions = ", ".join(f"{label} {env[key]}" for key, label in (("torch", "torch"), ("driver", "driver"))
+                         if env.get(key))
+    lines = [f"Measured on {gpu} on {str(env.get('timestamp', ''))[:10] or 'an unrecorded date'}"
+             f"{f' ({versions})' if versions else ''} at commit `{commit}` with `{recorded_command(result)}`. "
+             f"TFLOP/s, and the ratio to torch.matmul (cuBLAS) measured in the same run; all tables: "
+             f"[{table_md.name}]({_link(table_md, readme)}).", ""]
+
+    def rungs_of(sub):  # the rungs in their default configuration, as they first appear
+        return [n for n in dict.fromkeys(n for r in sub for n in r["results"])
+                if n != "torch.matmul" and "-" not in n and any("tflops" in r["results"][n] for r in sub
+                                                                 if n in r["results"])]
+
+    def geomeans(sub, rungs):
+        out = {}
+        for name in rungs:
+            ratios = [r["results"][name]["ratio"] for r in sub if "ratio" in r["results"].get(name, {})]
+            if ratios:
+                out[name] = (geomean(ratios), len(ratios))
+        return out
+
+    first = [r for r in rows if r["dtype"] == dtypes[0]]
+    rungs = rungs_of(first)
+    lines += [f"| {dtypes[0]} M x N x K | torch.matmul | " + " | ".join(rungs) + " |",
+              "|---|---:|" + "---:|" * len(rungs)]
+    for r in first:
+        cells = [f"{r['m']}x{r['n']}x{r['k']}", f"{r['results']['torch.matmul']['tflops']:.1f}"]
+        for name in rungs:
+            x = r["results"].get(name, {})
+            cells.append(f"{x['tflops']:.1f} ({x['ratio']:.2f}x)" if "tflops" in x else "skipped" if x else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    means = geomeans(first, rungs)
+    lines.append("| geomean ratio | | " + " | ".join(f"{means[n][0]:.2f}x" if n in means else "n/a"
+                                                    for n in rungs) + " |")
+    for dtype in dtypes[1:]:
+        sub = [r for r in rows if r["dtype"] == dtype]
+        means = geomeans(sub, rungs_of(sub))
+        lines += ["", f"{dtype}{' (TF32 off)' if dtype == 'float32' else ''}, geomean ratio to torch.matmul over "
+                  f"{len(sub)} shapes: " + ", ".join(f"{n} {g:.2f}x" for n, (g, _) in means.items()) + "."]
+    if plot.is_file():
+        lines += ["", f"![TFLOP/s per shape and rung]({_link(plot, readme)})"]
+    return "\n".join(lines)
+
+
+def write_readme_table(readme: Path, block: str) -> bool:
+    """Put ``block`` between the README's results-table markers, leaving everything
+    else as it is. Without both markers (in order) the README is left alone and
+    the reason printed; returns whether it was written."""
+    try:
+        text = Path(readme).read_text()
+    except OSError as exc:
+        print(f"README table not written: cannot read {readme} ({exc.strerror})", file=sys.stderr)
+        return False
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        print(f"README table not written: {readme} lacks the lines {README_START} and {README_END} "
+              "(in that order) that mark where it goes", file=sys.stderr)
+        return False
+    head = text[:start + len(README_START)]
+    Path(readme).write_text(f"{head}\n{block.strip()}\n{text[end:]}")
+    print(f"README table written to {readme}")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
@@ -180,7 +293,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-variants", dest="variants", action="store_false",
                         help="only the rungs' default configurations: no tile-order or cluster columns, "
                              "so a run takes less device time")
+    parser.add_argument("--readme", type=Path, default=REPO_ROOT / "README.md",
+                        help="README to write the results table into, between its results-table markers "
+                             "(default: the repo's README.md)")
+    parser.add_argument("--no-readme", dest="readme", action="store_const", const=None,
+                        help="leave every README alone")
+    parser.add_argument("--from-json", type=Path, metavar="RESULT_JSON",
+                        help="measure nothing: write the README table of this recorded run")
     args = parser.parse_args(argv)
+    if args.from_json:
+        if args.readme is None:
+            parser.error("--from-json writes only the README table: --no-readme leaves it nothing to do")
+        try:
+            result = json.loads(args.from_json.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"cannot read {args.from_json}: {exc}")
+        return 0 if write_readme_table(args.readme, readme_table(result, args.from_json, args.readme)) else 1
     if not torch.cuda.is_available():
         print("benchmark_table.py needs a CUDA GPU; none is present here.", file=sys.stderr)
         return 2
@@ -217,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # no matplotlib: the table is the result, the plot a convenience
         print("matplotlib missing: no plot written", file=sys.stderr)
     print(text)
+    if args.readme is not None:
+        write_readme_table(args.readme, readme_table(result, json_path, args.readme))
     return 0
 
 

@@ -1,7 +1,7 @@
-"""CPU tests of the device scripts, for what needs no GPU: the benchmark's columns,
-compare_builds' refusal of a comparison that would measure nothing, the one timing
-loop, the names of the results files, the correctness sweep's compact summary, and
-that the shell scripts parse."""
+"""CPU tests of the device scripts, for what needs no GPU: the benchmark's columns
+and the README table it writes, compare_builds' refusal of a comparison that
+would measure nothing, the one timing loop, the names of the results files, the
+correctness sweep's compact summary, and that the shell scripts parse."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmark_table import with_variant_columns
+from benchmark_table import README_END, README_START, with_variant_columns
 from harness.kernel import CLUSTER_VARIANT, TILE_ORDER_VARIANTS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -281,6 +281,85 @@ def test_latest_result_is_the_greatest_date_of_exactly_that_kind(tmp_path):
     import datetime
 
     assert result_path(tmp_path, "demo", "md", datetime.date(2026, 7, 8)) == tmp_path / "2026-07-08-demo.md"
+
+
+# --- the README's results table ----------------------------------------------------------
+
+FIXTURE = REPO / "tests" / "fixtures" / "benchmark-result.json"
+
+
+def _readme_from_json(repo_root, env, readme: Path, result_json: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / "benchmark_table.py"), "--from-json", str(result_json),
+                           "--readme", str(readme)], cwd=repo_root, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_benchmark_writes_its_table_between_the_readme_markers(tmp_path, repo_root, subprocess_env):
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    recorded = results / "2026-12-03-benchmark.json"
+    recorded.write_text(FIXTURE.read_text())
+    (results / "2026-12-03-benchmark.png").write_bytes(b"\x89PNG")
+    before = "# A project\n\nIntro line.\n\n## Results\n\n"
+    after = "\nMore text.\n\n## Next\n\nThe end.\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{before}{README_START}\nan old table\n| 1 | 2 |\n{README_END}{after}")
+
+    result = _readme_from_json(repo_root, subprocess_env, readme, recorded)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = readme.read_text()
+    assert text.startswith(before + README_START + "\n") and text.endswith(README_END + after)
+    table = text[len(before) + len(README_START):-len(README_END + after)].strip("\n").splitlines()
+    assert "an old table" not in text
+    assert table[0].startswith("Measured on NVIDIA H200 (132 SMs) on 2026-12-03 (torch 2.11.0+cu130, driver "
+                               "580.159.04) at commit `20c7419be36e` with "
+                               "`python scripts/benchmark_table.py --no-variants --rounds 9 --shapes ")
+    assert "[2026-12-03-benchmark.md](benchmarks/results/2026-12-03-benchmark.md)" in table[0]
+    assert table[2:] == [
+        "| bfloat16 M x N x K | torch.matmul | naive | tiled | persistent | wgmma | wgmma_persistent |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        "| 4096x4096x4096 | 783.4 | 4.3 (0.01x) | 457.3 (0.58x) | 466.9 (0.60x) | 747.9 (0.95x) | 768.9 (0.98x) |",
+        "| 8192x8192x8192 | 720.9 | skipped | 398.8 (0.55x) | 407.0 (0.56x) | 710.6 (0.99x) | 741.5 (1.03x) |",
+        "| 4097x4097x4097 | 132.2 | 3.2 (0.02x) | 197.9 (1.50x) | 213.3 (1.61x) | 426.1 (3.22x) | 432.0 (3.27x) |",
+        "| geomean ratio | | 0.01x | 0.78x | 0.82x | 1.45x | 1.49x |",
+        "",
+        "float32 (TF32 off), geomean ratio to torch.matmul over 1 shapes: naive 0.08x, warptiled 0.89x.",
+        "",
+        "![TFLOP/s per shape and rung](benchmarks/results/2026-12-03-benchmark.png)",
+    ]
+    # Again: the same README, the same table (the block replaces itself, nothing piles up).
+    assert _readme_from_json(repo_root, subprocess_env, readme, recorded).returncode == 0
+    assert readme.read_text() == text
+
+
+def test_benchmark_records_its_command_for_the_readme():
+    from benchmark_table import recorded_command
+
+    result = json.loads(FIXTURE.read_text())
+    result["environment"]["command"] = "python scripts/benchmark_table.py --rounds 5"
+    assert recorded_command(result) == "python scripts/benchmark_table.py --rounds 5"
+
+
+def test_benchmark_leaves_a_readme_without_markers_alone(tmp_path, repo_root, subprocess_env):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# A project\n\n{README_START}\nno end marker\n")
+    result = _readme_from_json(repo_root, subprocess_env, readme, FIXTURE)
+    assert result.returncode == 1
+    assert "README table not written" in result.stderr and README_END in result.stderr
+    assert readme.read_text() == f"# A project\n\n{README_START}\nno end marker\n"
+
+
+def test_the_recorded_benchmark_of_record_renders():
+    """The committed run of record stays readable by the README writer."""
+    from benchmark_table import readme_table
+    from harness.results import RESULTS_DIR, latest_result
+
+    recorded = latest_result(RESULTS_DIR, "benchmark", "json")
+    assert recorded is not None
+    result = json.loads(recorded.read_text())
+    block = readme_table(result, recorded, REPO / "README.md")
+    assert result["environment"]["gpu"] in block and result["environment"]["git_commit"][:12] in block
+    assert f"(benchmarks/results/{recorded.with_suffix('.md').name})" in block
 
 
 # --- the correctness sweep's summary ------------------------------------------------------
