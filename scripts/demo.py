@@ -9,9 +9,9 @@ calls, inputs rotated past the L2 cache). ``--record`` also writes the tables to
 ``<results dir>/<date>-demo.md``.
 
 Without a GPU: says so, prints the most recent results recorded on a GPU (the
-Markdown files of correctness_sweep.py and of ``demo.py --record`` in the results
-directory), and loads the kernel build to show ``available_kernels()``, which says
-why nothing runs here.
+newest ``<date>-correctness.md`` of correctness_sweep.py and ``<date>-demo.md`` of
+``demo.py --record`` in the results directory), and loads the kernel build to show
+``available_kernels()``, which says why nothing runs here.
 
     python scripts/demo.py
     python scripts/demo.py --record [--results-dir DIR]
@@ -30,7 +30,7 @@ from harness.checks import (DTYPE_NAMES, TOLERANCE, check_exact, exact_int_opera
                             poison, random_operands)
 from harness.kernel import REPO_ROOT as REPO, load_kernel
 from harness.provenance import environment, environment_lines, gpu_clocks
-from harness.results import RESULTS_DIR as DEFAULT_RESULTS, result_path
+from harness.results import RESULTS_DIR as DEFAULT_RESULTS, latest_result, result_path
 from harness.timing import calls_per_batch, rotated_inputs, time_per_call
 
 DEVICE = "cuda"
@@ -45,20 +45,17 @@ EXACT_SHAPE = (129, 129, 4104)
 TIMED = [(torch.bfloat16, 1024, 1024, 1024), (torch.bfloat16, 2048, 2048, 2048),
          (torch.bfloat16, 4096, 4096, 4096), (torch.float32, 2048, 2048, 2048)]
 BATCHES = 5  # median of this many batches of ~2 ms
+# The kinds shown without a GPU: the all-rung correctness summary, the demo's own tables.
+RECORDED_KINDS = ("correctness", "demo")
 
 
 # --------------------------------------------------------------------------- no GPU
 
 
 def recorded_files(results_dir: Path) -> list[Path]:
-    """The newest correctness-sweep summary (a full sweep over --quick on the same
-    date) and the newest demo table in ``results_dir``."""
-    def newest(paths):
-        def key(p: Path):
-            return (p.name[:10], "-quick-" not in p.name, p.stat().st_mtime)
-        return max(paths, key=key, default=None)
-
-    found = [newest(results_dir.glob("*-correctness-*.md")), newest(results_dir.glob("*-demo.md"))]
+    """The newest ``<date>-correctness.md`` (a sweep of every rung) and the newest
+    ``<date>-demo.md`` in ``results_dir``, those that exist."""
+    found = [latest_result(results_dir, kind) for kind in RECORDED_KINDS]
     return [p for p in found if p is not None]
 
 

@@ -283,6 +283,48 @@ def test_latest_result_is_the_greatest_date_of_exactly_that_kind(tmp_path):
     assert result_path(tmp_path, "demo", "md", datetime.date(2026, 7, 8)) == tmp_path / "2026-07-08-demo.md"
 
 
+def test_committed_results_follow_the_name_scheme():
+    """benchmarks/results/ holds the README and YYYY-MM-DD-<kind>.<ext> files only, few
+    and small (older runs live in git history), and its README names every kind there."""
+    import re
+
+    results = REPO / "benchmarks" / "results"
+    files = sorted(p for p in results.iterdir() if p.is_file())
+    assert len(files) <= 20 and sum(p.stat().st_size for p in files) < 3 * 2**20
+    readme = (results / "README.md").read_text()
+    for path in files:
+        if path.name == "README.md":
+            continue
+        match = re.fullmatch(r"\d{4}-\d{2}-\d{2}-([a-z0-9-]+)\.(md|json|png|log)", path.name)
+        assert match, path.name
+        assert f"-{match.group(1)}." in readme, f"benchmarks/results/README.md does not name {path.name}'s kind"
+
+
+def test_demo_shows_the_newest_all_rung_correctness_and_demo(tmp_path):
+    import demo
+
+    for name in ("2026-01-01-correctness.md", "2026-01-03-correctness.md", "2026-01-09-correctness-splitk.md",
+                 "2026-01-09-correctness-quick.md", "2026-01-02-demo.md", "2026-01-04-benchmark.md"):
+        (tmp_path / name).write_text("- GPU: Some GPU\n")
+    assert [p.name for p in demo.recorded_files(tmp_path)] == ["2026-01-03-correctness.md", "2026-01-02-demo.md"]
+
+
+def test_demo_without_a_gpu_prints_the_recorded_results(repo_root, subprocess_env):
+    import torch
+
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip("with a GPU the demo measures instead")
+    from harness.results import RESULTS_DIR, latest_result
+
+    result = subprocess.run([sys.executable, str(SCRIPTS / "demo.py")], cwd=repo_root, env=subprocess_env,
+                            capture_output=True, text=True, timeout=300)
+    correctness = latest_result(RESULTS_DIR, "correctness")
+    assert correctness is not None
+    assert f"----- benchmarks/results/{correctness.name} -----" in result.stdout
+    assert "No CUDA GPU here: showing results recorded on" in result.stdout
+
+
 # --- the README's results table ----------------------------------------------------------
 
 FIXTURE = REPO / "tests" / "fixtures" / "benchmark-result.json"
