@@ -438,3 +438,66 @@ def test_correctness_summary_is_compact_and_cases_only_on_request(tmp_path):
     assert written[-1] == per_case
     detail = json.loads(per_case.read_text())
     assert len(detail["results"]) == len(cases) and "rel_error" in detail["result_columns"]
+
+
+# --- scripts that time through harness.timing (CPU, with a stand-in for CUDA events) ---------
+
+
+class _FakeEvent:
+    """A CUDA event on a clock that the timed function advances."""
+    clock = [0.0]
+
+    def __init__(self, enable_timing=True):
+        self.at = None
+
+    def record(self):
+        self.at = self.clock[0]
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return end.at - self.at
+
+
+def _fake_cuda(monkeypatch, ms_per_call: float):
+    from harness import timing
+
+    monkeypatch.setattr(timing.torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    _FakeEvent.clock[0] = 0.0
+
+    def tick():
+        _FakeEvent.clock[0] += ms_per_call
+
+    return tick
+
+
+def test_demo_times_batches_rotating_its_input_sets(monkeypatch):
+    import demo
+
+    tick = _fake_cuda(monkeypatch, 0.1)
+    seen = []
+    sets = [("a0", "b0"), ("a1", "b1"), ("a2", "b2")]
+    ms = demo.median_ms(lambda a, b, out: seen.append((a, b, out)) or tick(), sets, "out")
+    assert abs(ms - 0.1) < 1e-9
+    assert set(seen) == {(*s, "out") for s in sets}
+    # warm-up and a probe of one call, a warm-up call, then batches of 20 calls (~2 ms)
+    assert len(seen) == 1 + 1 + 1 + demo.BATCHES * 20
+
+
+def test_model_benchmark_times_each_forward_as_a_batch_of_one(monkeypatch):
+    import torch
+
+    import model_benchmark
+
+    tick = _fake_cuda(monkeypatch, 3.0)
+    calls = []
+
+    def forward():
+        calls.append(1)
+        tick()
+        return torch.zeros(2)
+
+    logits, ms = model_benchmark.time_case(forward, None, graphs=False, iters=7)
+    assert ms == 3.0 and len(calls) == 1 + 7 and torch.equal(logits, torch.zeros(2))
