@@ -1,7 +1,7 @@
 """The kernel card: ``CARD.md`` filled in at publish time, uploaded as the Hub repo's README.md.
 
 ``fill_card(repo, repo_id)`` is a pure function of the files in the repo (CARD.md,
-build.toml, build/<variant>/metadata.json, benchmarks/results/*-benchmark.md): it
+build.toml, build/<variant>/metadata.json, benchmarks/results/<date>-benchmark.md): it
 
 * sets the front matter the Hub needs: ``library_name: kernels`` and ``license``
   (build.toml's license, lower-cased as the Hub spells identifiers);
@@ -10,7 +10,7 @@ build.toml, build/<variant>/metadata.json, benchmarks/results/*-benchmark.md): i
   and a table of which rung has code for which archs (build.toml's ``[kernel.*]``
   sections: a rung is the ``csrc/<rung>.cu`` source of a section);
 * replaces (or appends) a ``## Benchmark`` section with the newest
-  ``benchmarks/results/*-benchmark.md`` (newest by file name, which starts with the date).
+  ``benchmarks/results/YYYY-MM-DD-benchmark.md`` (the greatest such name: the date leads).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import yaml
 from .config import load_config
 
 FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---\n", re.S)
+BENCHMARK_TABLE = re.compile(r"\d{4}-\d{2}-\d{2}-benchmark\.md")  # benchmarks/results/README.md: the names
 GET_KERNEL = re.compile(r"get_kernel\(\s*\"[^\"]*\"\s*,\s*version\s*=\s*\d+")
 
 
@@ -37,18 +38,11 @@ def read_variants(repo: Path) -> dict[str, dict]:
     } if build.is_dir() else {}
 
 
-def _measured_at(table: Path) -> str:
-    """The ``- Date: <ISO time>`` line that benchmark_table.py writes, or "" (older tables)."""
-    match = re.search(r"^- Date: (\S+)$", table.read_text(errors="replace"), re.M)
-    return match.group(1) if match else ""
-
-
 def latest_benchmark(repo: Path) -> Path | None:
-    """The newest ``benchmarks/results/<date>-<tag>-benchmark.md``: the latest date
-    in the name, then among one day's tables (whose tags sort in no time order)
-    the latest Date line inside, then the last name."""
+    """The newest ``benchmarks/results/YYYY-MM-DD-benchmark.md`` (benchmark_table.py's
+    table), or None; other kinds (``...-model-benchmark.md``) do not count."""
     found = (Path(repo) / "benchmarks" / "results").glob("*-benchmark.md")
-    return max(found, key=lambda p: (p.name[:10], _measured_at(p), p.name), default=None)
+    return max((p for p in found if BENCHMARK_TABLE.fullmatch(p.name)), key=lambda p: p.name, default=None)
 
 
 def _replace_section(body: str, title: str, new: str) -> str:

@@ -1,53 +1,58 @@
 """Benchmark every kernel rung against torch.matmul on this GPU, in one run.
 
-Follows DESIGN.md §7: CUDA events around batches of back-to-back launches
-(so small shapes measure launch overhead as such), warm-up first, the median
-of several batches, in 3 rounds that interleave the columns (the median
+The timing is harness.timing's: CUDA events around batches of back-to-back
+launches (so small shapes measure launch overhead as such), a warm-up first, the
+median of several batches, in 3 rounds that interleave the columns (the median
 round kept; the table notes the largest round-to-round spread), input sets
 rotated so they exceed the L2 cache, random normal inputs. Every figure is
 reported as TFLOP/s and as a ratio to torch.matmul measured in the same run,
-with the GPU, clocks, power, torch/CUDA versions and commit in the header. Each rung's output is also
-compared with torch.matmul's once (relative error), so a fast wrong kernel
-cannot pass unnoticed.
+with the GPU, clocks, power, torch/CUDA versions, commit and command in the
+header. Each rung's output is also compared with torch.matmul's once (relative
+error), so a fast wrong kernel cannot pass unnoticed.
 
     python scripts/benchmark_table.py [--out DIR] [--shapes 4096x4096x4096 ...] [--rungs persistent tiled]
+    python scripts/benchmark_table.py --from-json benchmarks/results/<date>-benchmark.json
 
-Writes <date>-benchmark.md, .json and .png to --out (default benchmarks/results/).
+Writes <date>-benchmark.md, .json and .png to --out (default benchmarks/results/),
+and the results table (the first dtype's shapes, the others' geomeans, the plot)
+into --readme (default the repo's README.md) between the lines
+``<!-- results-table:start -->`` and ``<!-- results-table:end -->``. With
+--from-json it measures nothing and only writes that table from a recorded run
+(the GPU machine's copy of the repo is discarded: record there, write here).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import math
-import random
+import os
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from matmul_checks import (CLUSTER_VARIANT, TILE_ORDER_VARIANTS, environment, environment_lines,  # noqa: E402
-                           gpu_clocks, load_kernel, run_variant)
+from harness.kernel import CLUSTER_VARIANT, REPO_ROOT, TILE_ORDER_VARIANTS, load_kernel, run_variant
+from harness.provenance import command_line, environment, environment_lines, gpu_clocks
+from harness.results import RESULTS_DIR, result_path
+from harness.timing import (calls_per_batch, geomean, interleaved_times, parse_shape, rotated_inputs,
+                            time_per_call, warm_up_gpu)
 
 SHAPES = [
     (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
     (4096, 11008, 4096), (4096, 4096, 11008), (8192, 8192, 1024), (3000, 3000, 3000),
     (4097, 4097, 4097), (128, 4096, 4096), (16, 4096, 4096),
 ]
-L2_ROTATION_BYTES = 3 * 60 * 2**20  # input sets together exceed the H200's 60 MB L2 three times
 NAIVE_MAX_FLOP = 4.0e11  # the naive rung runs ~5 TFLOP/s: skip shapes that would take seconds
 # (persistent rung, its one-CTA-per-tile twin): the table adds their ratio and
 # columns for the persistent rung in its other tile orders.
 PERSISTENT_PAIRS = [("persistent", "tiled"), ("wgmma_persistent", "wgmma")]
+DEFAULT_DTYPES = ["bfloat16", "float32"]
 
 
 def with_variant_columns(rungs: list[str], variants: bool = True) -> list[str]:
-    """rungs, plus "<persistent rung>-grouped" and "-hilbert" (the tile orders other
-    than the default) after each persistent rung among them, and wgmma_persistent
+    """rungs, plus "<persistent rung>-<order>" for each tile order other than the
+    default (TILE_ORDER_VARIANTS) after each persistent rung among them, and wgmma_persistent
     as single CTAs ("wgmma_persistent-cluster1": its default runs CTA pairs);
     just rungs if not `variants`."""
     out = []
@@ -60,74 +65,6 @@ def with_variant_columns(rungs: list[str], variants: bool = True) -> list[str]:
         if name == "wgmma_persistent":
             out.append(f"{name}-{CLUSTER_VARIANT}")
     return out
-
-
-def warm_up_gpu(seconds: float = 2.0) -> None:
-    """Run large products for a while first, so the SM clock has left idle (345 MHz
-    on the H200) before the first shape is measured."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    elapsed = 0.0
-    while elapsed < seconds * 1e3:
-        for _ in range(20):
-            torch.matmul(a, a)
-        end.record()
-        end.synchronize()
-        elapsed = start.elapsed_time(end)
-
-
-def time_per_call(fn, calls_per_batch: int, batches: int) -> float:
-    """Median seconds per call over `batches` batches of back-to-back calls."""
-    fn(0)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(batches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(calls_per_batch):
-            fn(i)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / calls_per_batch)
-    return statistics.median(times)
-
-
-def interleaved_times(runners: dict, calls: dict, batches: dict, rounds: int) -> dict[str, list[float]]:
-    """Seconds per call of each runner (name -> fn(i)) in each of `rounds` rounds:
-    every round times each runner once (time_per_call with its calls per batch and
-    batches), in an order shuffled per round with the round as seed, the same for
-    every run. In a fixed order each column always ran after the same one, and two
-    tile orders of one rung traded a 4-5% lead when their columns traded places
-    (2026-11-30, benchmarks/NOTES.md)."""
-    times = {name: [] for name in runners}
-    for r in range(rounds):
-        order = list(runners)
-        random.Random(r).shuffle(order)
-        for name in order:
-            times[name].append(time_per_call(runners[name], calls[name], batches[name]))
-    return times
-
-
-def geomean(values: list[float]) -> float:
-    """The geometric mean of positive numbers."""
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-def calls_per_batch(seconds_per_call: float) -> int:
-    """Calls in a batch of about 2 ms (1 to 200), so CUDA events time a batch, not one launch."""
-    return max(1, min(200, int(2e-3 / max(seconds_per_call, 1e-7))))
-
-
-def rotated_inputs(m: int, n: int, k: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Random normal (a, b) pairs, as many as it takes (up to 16) for all of them
-    together to exceed the L2 cache three times: calls that rotate through them
-    read their operands from memory, as a model's layers would."""
-    set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
-    sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
-    return [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
-            for _ in range(sets)]
 
 
 def bench_shape(pm, m: int, n: int, k: int, dtype: torch.dtype, rungs: list[str], tf32: bool,
@@ -190,11 +127,6 @@ def per_call_floor(pm, dtype: torch.dtype, rungs: list[str], size: int = 16) -> 
     return floors
 
 
-def parse_shape(text: str) -> tuple[int, int, int]:
-    m, n, k = (int(x) for x in text.lower().split("x"))
-    return m, n, k
-
-
 def markdown(env: dict, rows: list[dict], columns: list[str], floors: dict[str, dict[str, float]]) -> str:
     lines = [*environment_lines(env), ""]
     for dtype, floor in floors.items():
@@ -244,18 +176,139 @@ def markdown(env: dict, rows: list[dict], columns: list[str], floors: dict[str, 
     return "\n".join(lines)
 
 
-def main() -> int:
+# --------------------------------------------------------------------------- the README's table
+
+README_START = "<!-- results-table:start -->"
+README_END = "<!-- results-table:end -->"
+
+
+def recorded_command(result: dict) -> str:
+    """The command that measured ``result``: as recorded, or, for a run recorded
+    before commands were, the options that its rows imply (rounds, tile-order and
+    cluster columns, shapes and dtypes other than the defaults)."""
+    env, rows = result["environment"], result["rows"]
+    if env.get("command"):
+        return env["command"]
+    words = ["python", "scripts/benchmark_table.py"]
+    if not any("-" in name for r in rows for name in r["results"]):
+        words.append("--no-variants")
+    rounds = {r.get("rounds", 3) for r in rows}
+    if rounds != {3}:
+        words += ["--rounds", str(max(rounds))]
+    shapes = list(dict.fromkeys((r["m"], r["n"], r["k"]) for r in rows))
+    if shapes != SHAPES:
+        words += ["--shapes", *("x".join(map(str, s)) for s in shapes)]
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    if dtypes != DEFAULT_DTYPES:
+        words += ["--dtypes", *dtypes]
+    return " ".join(words)
+
+
+def _link(path: Path, readme: Path) -> str:
+    """``path`` as a link target relative to the README's folder."""
+    return Path(os.path.relpath(Path(path).resolve(), Path(readme).resolve().parent)).as_posix()
+
+
+def readme_table(result: dict, json_path: Path, readme: Path) -> str:
+    """The README's results block for a recorded run: where, when, at which commit
+    and by which command it was measured; one table of the first dtype's shapes
+    (TFLOP/s and ratio to torch.matmul per rung, in its default configuration) with
+    a geomean row; a geomean line per other dtype; the plot, if drawn."""
+    env, rows = result["environment"], result["rows"]
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    table_md, plot = Path(json_path).with_suffix(".md"), Path(json_path).with_suffix(".png")
+    commit = (env.get("git_commit") or "unknown")[:12]
+    gpu = env.get("gpu", "an unnamed GPU") + (f" ({env['sm_count']} SMs)" if env.get("sm_count") else "")
+    versions = ", ".join(f"{label} {env[key]}" for key, label in (("torch", "torch"), ("driver", "driver"))
+                         if env.get(key))
+    lines = [f"Measured on {gpu} on {str(env.get('timestamp', ''))[:10] or 'an unrecorded date'}"
+             f"{f' ({versions})' if versions else ''} at commit `{commit}` with `{recorded_command(result)}`. "
+             f"TFLOP/s, and the ratio to torch.matmul (cuBLAS) measured in the same run; all tables: "
+             f"[{table_md.name}]({_link(table_md, readme)}).", ""]
+
+    def rungs_of(sub):  # the rungs in their default configuration, as they first appear
+        return [n for n in dict.fromkeys(n for r in sub for n in r["results"])
+                if n != "torch.matmul" and "-" not in n and any("tflops" in r["results"][n] for r in sub
+                                                                 if n in r["results"])]
+
+    def geomeans(sub, rungs):
+        out = {}
+        for name in rungs:
+            ratios = [r["results"][name]["ratio"] for r in sub if "ratio" in r["results"].get(name, {})]
+            if ratios:
+                out[name] = (geomean(ratios), len(ratios))
+        return out
+
+    first = [r for r in rows if r["dtype"] == dtypes[0]]
+    rungs = rungs_of(first)
+    lines += [f"| {dtypes[0]} M x N x K | torch.matmul | " + " | ".join(rungs) + " |",
+              "|---|---:|" + "---:|" * len(rungs)]
+    for r in first:
+        cells = [f"{r['m']}x{r['n']}x{r['k']}", f"{r['results']['torch.matmul']['tflops']:.1f}"]
+        for name in rungs:
+            x = r["results"].get(name, {})
+            cells.append(f"{x['tflops']:.1f} ({x['ratio']:.2f}x)" if "tflops" in x else "skipped" if x else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    means = geomeans(first, rungs)
+    lines.append("| geomean ratio | | " + " | ".join(f"{means[n][0]:.2f}x" if n in means else "n/a"
+                                                    for n in rungs) + " |")
+    for dtype in dtypes[1:]:
+        sub = [r for r in rows if r["dtype"] == dtype]
+        means = geomeans(sub, rungs_of(sub))
+        lines += ["", f"{dtype}{' (TF32 off)' if dtype == 'float32' else ''}, geomean ratio to torch.matmul over "
+                  f"{len(sub)} shapes: " + ", ".join(f"{n} {g:.2f}x" for n, (g, _) in means.items()) + "."]
+    if plot.is_file():
+        lines += ["", f"![TFLOP/s per shape and rung]({_link(plot, readme)})"]
+    return "\n".join(lines)
+
+
+def write_readme_table(readme: Path, block: str) -> bool:
+    """Put ``block`` between the README's results-table markers, leaving everything
+    else as it is. Without both markers (in order) the README is left alone and
+    the reason printed; returns whether it was written."""
+    try:
+        text = Path(readme).read_text()
+    except OSError as exc:
+        print(f"README table not written: cannot read {readme} ({exc.strerror})", file=sys.stderr)
+        return False
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        print(f"README table not written: {readme} lacks the lines {README_START} and {README_END} "
+              "(in that order) that mark where it goes", file=sys.stderr)
+        return False
+    head = text[:start + len(README_START)]
+    Path(readme).write_text(f"{head}\n{block.strip()}\n{text[end:]}")
+    print(f"README table written to {readme}")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--shapes", nargs="*", type=parse_shape, default=SHAPES)
     parser.add_argument("--rungs", nargs="*", default=None, help="default: every available rung")
-    parser.add_argument("--dtypes", nargs="*", default=["bfloat16", "float32"])
-    parser.add_argument("--tag", default="benchmark")
+    parser.add_argument("--dtypes", nargs="*", default=DEFAULT_DTYPES)
+    parser.add_argument("--tag", default="benchmark", help="the files' kind: <date>-<tag>.md (default: benchmark)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median kept)")
     parser.add_argument("--no-variants", dest="variants", action="store_false",
                         help="only the rungs' default configurations: no tile-order or cluster columns, "
                              "so a run takes less device time")
-    args = parser.parse_args()
+    parser.add_argument("--readme", type=Path, default=REPO_ROOT / "README.md",
+                        help="README to write the results table into, between its results-table markers "
+                             "(default: the repo's README.md)")
+    parser.add_argument("--no-readme", dest="readme", action="store_const", const=None,
+                        help="leave every README alone")
+    parser.add_argument("--from-json", type=Path, metavar="RESULT_JSON",
+                        help="measure nothing: write the README table of this recorded run")
+    args = parser.parse_args(argv)
+    if args.from_json:
+        if args.readme is None:
+            parser.error("--from-json writes only the README table: --no-readme leaves it nothing to do")
+        try:
+            result = json.loads(args.from_json.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"cannot read {args.from_json}: {exc}")
+        return 0 if write_readme_table(args.readme, readme_table(result, args.from_json, args.readme)) else 1
     if not torch.cuda.is_available():
         print("benchmark_table.py needs a CUDA GPU; none is present here.", file=sys.stderr)
         return 2
@@ -263,6 +316,7 @@ def main() -> int:
     warm_up_gpu()
     available = {n: a for n, a in pm.available_kernels().items() if a.available}
     env = environment(pm, how)
+    env["command"] = command_line()
     rows = []
     floors = {}
     for dtype_name in args.dtypes:
@@ -280,17 +334,19 @@ def main() -> int:
     columns = with_variant_columns([n for n in (args.rungs or available) if n in available], args.variants)
     text = markdown(env, rows, columns, floors)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{datetime.date.today().isoformat()}-{args.tag}"
-    (args.out / f"{stem}.md").write_text(text + "\n")
-    (args.out / f"{stem}.json").write_text(json.dumps({"environment": env, "rows": rows, "per_call_floor_us": floors},
-                                                      indent=1) + "\n")
+    result = {"environment": env, "rows": rows, "per_call_floor_us": floors}
+    json_path = result_path(args.out, args.tag, "json")
+    json_path.with_suffix(".md").write_text(text + "\n")
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
     try:
         from plot_benchmark import plot
 
-        plot({"environment": env, "rows": rows}, args.out / f"{stem}.png")
+        plot(result, json_path.with_suffix(".png"))
     except ImportError:  # no matplotlib: the table is the result, the plot a convenience
         print("matplotlib missing: no plot written", file=sys.stderr)
     print(text)
+    if args.readme is not None:
+        write_readme_table(args.readme, readme_table(result, json_path, args.readme))
     return 0
 
 

@@ -8,7 +8,7 @@ as `kernelpress build` writes them); they must come from different trees (a
 clean and a dirty one, or different commits), so that their op namespaces differ
 and all load side by side. Per shape and rung, every round times torch.matmul,
 the baseline and each candidate back to back in a shuffled order
-(benchmark_table's batches of calls with CUDA events, inputs rotated past the L2
+(harness.timing's batches of calls with CUDA events, inputs rotated past the L2
 cache), and the table reports, per candidate, the median over rounds of
 baseline time / candidate time (> 1: the candidate is faster), the spread of
 that ratio across rounds, and the median ratios to torch.matmul. Across
@@ -32,21 +32,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from benchmark_table import (  # noqa: E402
-    calls_per_batch, geomean, interleaved_times, parse_shape, rotated_inputs, time_per_call, warm_up_gpu)
-from matmul_checks import environment, environment_lines, rel_error, run_variant  # noqa: E402
+from harness.checks import rel_error
+from harness.kernel import load_build, run_variant
+from harness.provenance import environment, environment_lines
+from harness.timing import (calls_per_batch, geomean, interleaved_times, parse_shape, rotated_inputs,
+                            time_per_call, warm_up_gpu)
 
 DEFAULT_SHAPES = ["4096x4096x4096", "8192x8192x8192", "4096x11008x4096", "4096x4096x11008", "8192x8192x1024",
                   "4097x4097x4097", "3000x3000x3000"]
-
-
-def load_build(folder: Path):
-    """The package from one build folder (kernels.get_local_kernel)."""
-    import kernels
-
-    return kernels.get_local_kernel(folder)
 
 
 def compare_shape(builds: dict, rung: str, shape: tuple[int, int, int], dtype: torch.dtype, rounds: int,

@@ -5,9 +5,9 @@ For each rung that runs on the GPU (or those named by --kernels), each dtype (bf
 fp16, fp32) and each shape M, N in SIZES x K in K_SIZES:
 
 * random normal operands, output poisoned with NaN, result compared with an fp64
-  product of the same rounded inputs by normwise relative error against the bound
-  of DESIGN.md section 7 (bf16 1e-2, fp16 2e-3, fp32 1e-4), the denominator kept
-  from cancelling to near zero by chance (matmul_checks.cancellation_floor);
+  product of the same rounded inputs by normwise relative error against the
+  dtype's bound (harness.checks.TOLERANCE: bf16 1e-2, fp16 2e-3, fp32 1e-4), the
+  denominator kept from cancelling to near zero by chance (cancellation_floor);
 * all four operand layouts (a and/or b transposed, i.e. strided) where
   M*N*K <= 2**31, only plain and both-transposed above that, to bound the run time;
 * bit-exact small-integer cases on a subset of shapes (every output must equal the
@@ -16,21 +16,28 @@ fp16, fp32) and each shape M, N in SIZES x K in K_SIZES:
   256) and the decode set (every projection of MODEL_PROJECTIONS at every M of
   DECODE_M, weights K-major as linear passes them).
 
-Prints progress, then a summary table at the END of stdout, and writes the full
-results (JSON) and the summary (Markdown) to --out, both with the GPU, clocks,
-versions, commit, kernel id and the random seed (--seed reproduces a run).
+Prints progress, then a summary table at the END of stdout, and writes the
+summary to --out as Markdown and JSON, both with the GPU, clocks, versions,
+commit, kernel id and the random seed (--seed reproduces a run): per rung and
+dtype the cases of each kind (random, fuzz, exact) and their failures, the worst
+error and its case, and every failed case. The files are
+``<date>-correctness.md/.json`` for a sweep of every rung that runs here and
+``<date>-correctness-<rungs>.md/.json`` for the rungs of --kernels (``-quick``
+before the rungs with --quick). One line per case, for a failure to dig into,
+goes only where --cases names (a JSON file; leave it out of benchmarks/results,
+it runs to megabytes).
 
 Exit status: 0 all cases pass, 1 a case failed (or the time limit cut the sweep
 short), 2 the sweep could not run (no CUDA GPU, unknown or unavailable kernel).
 
     python scripts/correctness_sweep.py                 # all available rungs
     python scripts/correctness_sweep.py --kernels naive --quick
+    python scripts/correctness_sweep.py --seed S --cases /tmp/cases.json   # a run again, per case
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import random
@@ -40,27 +47,13 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+import torch
 
-import torch  # noqa: E402
-
-from matmul_checks import (  # noqa: E402
-    DECODE_M,
-    DTYPE_NAMES,
-    MODEL_PROJECTIONS,
-    TOLERANCE,
-    check_exact,
-    environment,
-    environment_lines,
-    exact_int_operands,
-    gpu_clocks,
-    load_kernel,
-    matmul_error,
-    nan_count,
-    poison,
-    random_operands,
-)
+from harness.checks import (DECODE_M, DTYPE_NAMES, MODEL_PROJECTIONS, TOLERANCE, check_exact, exact_int_operands,
+                            matmul_error, nan_count, poison, random_operands)
+from harness.kernel import REPO_ROOT as REPO, load_kernel
+from harness.provenance import environment, environment_lines, gpu_clocks
+from harness.results import RESULTS_DIR, result_path
 
 DEVICE = "cuda"
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -78,8 +71,8 @@ ALL_LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]  # (a
 LARGE_LAYOUTS = [(False, False), (True, True)]
 FULL_LAYOUT_LIMIT = 2**31  # M*N*K up to which all four layouts run
 
-# For the run-time estimate: the naive rung runs about 5 TFLOP/s on bf16 on the H200
-# (DESIGN.md section 7); each case also pays launches, the fp64 reference and syncs.
+# For the run-time estimate: the naive rung, the slowest, runs about 5 TFLOP/s on
+# bf16 on the H200; each case also pays launches, the fp64 reference and syncs.
 ASSUMED_TFLOPS = 5.0
 ASSUMED_CASE_OVERHEAD_S = 0.003
 DEFAULT_BUDGET_S = 240.0
@@ -349,11 +342,31 @@ def json_safe(value):
     return value
 
 
-def report_json(report: dict, cases: list[Case]) -> str:
-    """The report as JSON, the cases as a table: ``result_columns`` names the fields
-    and ``results`` holds one row (a list) per case, one per line."""
+MAX_LISTED_FAILURES = 1000  # failed cases the summary JSON lists (it counts them all)
+
+
+def failed_cases(cases: list[Case]) -> list[Case]:
+    return [c for c in cases if not c.passed and c.status != "not run"]
+
+
+def summary_json(report: dict, cases: list[Case]) -> str:
+    """The report (its ``summary`` rows: cases and failures per rung, dtype and kind,
+    the worst error and its case) with the failed cases, the first
+    MAX_LISTED_FAILURES of them, as ``{field: value}``: kilobytes, whatever the
+    sweep's size."""
+    failed = failed_cases(cases)
+    listed = [{f.name: getattr(c, f.name) for f in fields(Case)} | {"case": c.label()}
+              for c in failed[:MAX_LISTED_FAILURES]]
+    return json.dumps(json_safe(report | {"failures": len(failed), "failed_cases": listed}), indent=1) + "\n"
+
+
+def cases_json(report: dict, cases: list[Case]) -> str:
+    """Every case, for a failure to dig into: the report, then the cases as a
+    table (``result_columns`` names the fields, ``results`` holds one row, a
+    list, per case and line)."""
     columns = [f.name for f in fields(Case)]
     head = json.dumps(json_safe(report), indent=1)
+
     def short(value):  # 4 significant digits are plenty for errors and seconds
         return float(f"{value:.4g}") if isinstance(value, float) and math.isfinite(value) else value
 
@@ -361,14 +374,22 @@ def report_json(report: dict, cases: list[Case]) -> str:
     return (head[:-2] + f',\n "result_columns": {json.dumps(columns)},\n "results": [\n  {rows}\n ]\n}}\n')
 
 
-def write_reports(out_dir: Path, stem: str, report: dict, rows: list[dict], cases: list[Case]) -> tuple[Path, Path]:
+def write_reports(out_dir: Path, kind: str, report: dict, rows: list[dict], cases: list[Case],
+                  cases_path: Path | None = None) -> list[Path]:
+    """The summary as ``<date>-<kind>.md`` and ``.json`` in ``out_dir``, and every
+    case to ``cases_path`` if given; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / f"{stem}.json"
-    md_path = out_dir / f"{stem}.md"
-    json_path.write_text(report_json(report, cases))
+    md_path = result_path(out_dir, kind, "md")
+    json_path = md_path.with_suffix(".json")
+    json_path.write_text(summary_json(report, cases))
+    written = [md_path, json_path]
+    if cases_path is not None:
+        cases_path.parent.mkdir(parents=True, exist_ok=True)
+        cases_path.write_text(cases_json(report, cases))
+        written.append(cases_path)
 
     env = report["environment"]
-    failed = [c for c in cases if not c.passed and c.status != "not run"]
+    failed = failed_cases(cases)
     lines = [
         f"# Correctness sweep: {', '.join(report['rungs'])}{' (quick)' if report['quick'] else ''}",
         "",
@@ -399,7 +420,7 @@ def write_reports(out_dir: Path, stem: str, report: dict, rows: list[dict], case
         lines += [f"- {c.label()}: {describe_outcome(c)}" for c in failed[:50]]
         lines.append("")
     md_path.write_text("\n".join(lines))
-    return json_path, md_path
+    return written
 
 
 # --------------------------------------------------------------------------- main
@@ -409,8 +430,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", nargs="+", default=None,
                    help="rungs to check (space or comma separated); default: every rung available here")
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
-                   help="directory for the JSON and Markdown results (default: benchmarks/results/)")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR,
+                   help="directory for the summary, Markdown and JSON (default: benchmarks/results/)")
+    p.add_argument("--cases", type=Path, default=None, metavar="PATH",
+                   help="also write every case (one line each) to this JSON file; megabytes for a full "
+                        "sweep, so not into benchmarks/results/")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, printed)")
     p.add_argument("--quick", action="store_true", help="a small subset of shapes (smoke test)")
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
@@ -485,8 +509,8 @@ def main(argv=None) -> int:
     rows = summarize(cases)
     any_failed = any(c.status not in ("pass", "not run") for c in cases)
     result = "FAIL" if any_failed or stopped else "PASS"
-    date = datetime.date.today().isoformat()
-    stem = f"{date}-correctness-{'quick-' if args.quick else ''}{'-'.join(rungs)}"
+    # Every rung that runs here: the plain kind, the run of record; else the rungs are named.
+    kind = "-".join(["correctness", *(["quick"] if args.quick else []), *(rungs if args.kernels else [])])
     reproduce = (f"python scripts/correctness_sweep.py --seed {seed} --kernels {' '.join(rungs)}"
                  f"{' --quick' if args.quick else ''}{f' --fuzz {args.fuzz}' if args.fuzz else ''}"
                  f"{f' --budget {args.budget:g}' if args.budget != DEFAULT_BUDGET_S else ''}")
@@ -507,10 +531,10 @@ def main(argv=None) -> int:
         "tolerance": {DTYPE_NAMES[d]: t for d, t in TOLERANCE.items()},
         "summary": rows,
     }
-    json_path, md_path = write_reports(args.out, stem, report, rows, cases)
+    written = write_reports(args.out, kind, report, rows, cases, args.cases)
 
     print()
-    print(f"Wrote {json_path} and {md_path}")
+    print(f"Wrote {', '.join(map(str, written))}")
     print(f"Sweep of {len(cases)} cases in {wall:.1f} s (estimated {estimate:.0f} s), seed {seed}"
           + (f"; STOPPED EARLY: {stopped}" if stopped else ""))
     print("\n".join(summary_table(rows)))

@@ -4,13 +4,14 @@
 With a CUDA GPU: loads the kernel as users do (kernels.get_kernel with LOCAL_KERNELS
 pointing at this repo), checks every available rung against an fp64 reference on a
 few shapes and all dtypes, and times each rung against torch.matmul (cuBLAS) on bf16
-1024^3, 2048^3, 4096^3 and fp32 2048^3. ``--record`` also writes the tables to
+1024^3, 2048^3, 4096^3 and fp32 2048^3 (harness.timing: batches of back-to-back
+calls, inputs rotated past the L2 cache). ``--record`` also writes the tables to
 ``<results dir>/<date>-demo.md``.
 
 Without a GPU: says so, prints the most recent results recorded on a GPU (the
-Markdown files of correctness_sweep.py and of ``demo.py --record`` in the results
-directory), and loads the kernel build to show ``available_kernels()``, which says
-why nothing runs here.
+newest ``<date>-correctness.md`` of correctness_sweep.py and ``<date>-demo.md`` of
+``demo.py --record`` in the results directory), and loads the kernel build to show
+``available_kernels()``, which says why nothing runs here.
 
     python scripts/demo.py
     python scripts/demo.py --record [--results-dir DIR]
@@ -19,35 +20,20 @@ why nothing runs here.
 from __future__ import annotations
 
 import argparse
-import datetime
-import math
 import re
-import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+import torch
 
-import torch  # noqa: E402
-
-from matmul_checks import (  # noqa: E402
-    DTYPE_NAMES,
-    TOLERANCE,
-    check_exact,
-    environment,
-    environment_lines,
-    exact_int_operands,
-    gpu_clocks,
-    load_kernel,
-    matmul_error,
-    nan_count,
-    poison,
-    random_operands,
-)
+from harness.checks import (DTYPE_NAMES, TOLERANCE, check_exact, exact_int_operands, matmul_error, nan_count,
+                            poison, random_operands)
+from harness.kernel import REPO_ROOT as REPO, load_kernel
+from harness.provenance import environment, environment_lines, gpu_clocks
+from harness.results import RESULTS_DIR as DEFAULT_RESULTS, latest_result, result_path
+from harness.timing import calls_per_batch, rotated_inputs, time_per_call
 
 DEVICE = "cuda"
-DEFAULT_RESULTS = REPO / "benchmarks" / "results"
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 # Correctness: (m, n, k, a transposed, b transposed): tails, K = 1, strided operands.
@@ -58,24 +44,18 @@ EXACT_SHAPE = (129, 129, 4104)
 # Timing: (dtype, m, n, k).
 TIMED = [(torch.bfloat16, 1024, 1024, 1024), (torch.bfloat16, 2048, 2048, 2048),
          (torch.bfloat16, 4096, 4096, 4096), (torch.float32, 2048, 2048, 2048)]
-WARMUP = 5
-REPS = 30  # median of this many timed calls
-SLEEP_CYCLES = 1_000_000  # ~0.5 ms GPU spin before each timed call, so launch gaps are not timed
-DEFAULT_L2_BYTES = 60 * 10**6
+BATCHES = 5  # median of this many batches of ~2 ms
+# The kinds shown without a GPU: the all-rung correctness summary, the demo's own tables.
+RECORDED_KINDS = ("correctness", "demo")
 
 
 # --------------------------------------------------------------------------- no GPU
 
 
 def recorded_files(results_dir: Path) -> list[Path]:
-    """The newest correctness-sweep summary (a full sweep over --quick on the same
-    date) and the newest demo table in ``results_dir``."""
-    def newest(paths):
-        def key(p: Path):
-            return (p.name[:10], "-quick-" not in p.name, p.stat().st_mtime)
-        return max(paths, key=key, default=None)
-
-    found = [newest(results_dir.glob("*-correctness-*.md")), newest(results_dir.glob("*-demo.md"))]
+    """The newest ``<date>-correctness.md`` (a sweep of every rung) and the newest
+    ``<date>-demo.md`` in ``results_dir``, those that exist."""
+    found = [latest_result(results_dir, kind) for kind in RECORDED_KINDS]
     return [p for p in found if p is not None]
 
 
@@ -155,43 +135,24 @@ def correctness(pm, rungs: dict[str, tuple]) -> tuple[list[str], bool]:
     return lines, all_ok
 
 
-def input_sets(dtype, m: int, n: int, k: int, l2_bytes: int) -> list[tuple]:
-    """Enough (a, b, out) sets that, cycling through them, more than twice the L2
-    is touched before a set is used again: every timed call reads from DRAM."""
-    set_bytes = (m * k + k * n + m * n) * torch.empty((), dtype=dtype).element_size()
-    count = max(2, 1 + math.ceil(2 * l2_bytes / set_bytes))
-    sets = []
-    for _ in range(count):
-        a, b = random_operands(m, n, k, dtype, DEVICE)
-        sets.append((a, b, torch.empty(m, n, dtype=dtype, device=DEVICE)))
-    return sets
+def median_ms(fn, sets: list[tuple], out: torch.Tensor) -> float:
+    """Median ms per call of ``fn(a, b, out)``, rotating through ``sets``: batches of
+    ~2 ms of back-to-back calls between CUDA events (harness.timing)."""
+    def call(i):
+        fn(*sets[i % len(sets)], out)
+
+    probe = time_per_call(call, 1, 1)
+    return time_per_call(call, calls_per_batch(probe), BATCHES) * 1e3
 
 
-def median_ms(fn, sets: list[tuple]) -> float:
-    """Median GPU time in ms of ``fn(a, b, out)`` over REPS calls (after WARMUP),
-    cycling through ``sets``. A GPU spin before each call lets the CPU queue it
-    in time, so the events time the kernel, not the launch gap."""
-    for i in range(WARMUP):
-        fn(*sets[i % len(sets)])
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
-    for i in range(REPS):
-        a, b, out = sets[(WARMUP + i) % len(sets)]
-        torch.cuda._sleep(SLEEP_CYCLES)
-        starts[i].record()
-        fn(a, b, out)
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
-def timing(pm, rungs: dict[str, tuple], l2_bytes: int) -> list[str]:
+def timing(pm, rungs: dict[str, tuple]) -> list[str]:
     """Each rung vs torch.matmul on the TIMED shapes; Markdown table."""
     lines = ["| dtype | M x N x K | kernel | median ms | TFLOP/s | vs torch.matmul | rel error | input sets |",
              "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for dtype, m, n, k in TIMED:
-        sets = input_sets(dtype, m, n, k, l2_bytes)
+        sets = rotated_inputs(m, n, k, dtype)
+        out = torch.empty(m, n, dtype=dtype, device=DEVICE)
         kernels = {"torch.matmul": lambda a, b, out: torch.matmul(a, b, out=out)}
         for rung, dtypes in rungs.items():
             if dtype in dtypes:
@@ -200,10 +161,10 @@ def timing(pm, rungs: dict[str, tuple], l2_bytes: int) -> list[str]:
         for name, fn in kernels.items():
             shape = f"| {DTYPE_NAMES[dtype]} | {m}x{n}x{k} | {name} |"
             try:
-                ms = median_ms(fn, sets)
+                ms = median_ms(fn, sets, out)
                 tflops = 2 * m * n * k / (ms * 1e-3) / 1e12
                 torch_tflops = torch_tflops or tflops
-                a, b, out = sets[0]
+                a, b = sets[0]
                 poison(out)
                 fn(a, b, out)
                 err = matmul_error(out, a, b)
@@ -214,7 +175,7 @@ def timing(pm, rungs: dict[str, tuple], l2_bytes: int) -> list[str]:
                 lines.append(f"{shape} **error**: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} "
                              f"| - | - | - | {len(sets)} |")
             print(lines[-1], flush=True)
-        del sets
+        del sets, out
         torch.cuda.empty_cache()
     return lines
 
@@ -242,20 +203,19 @@ def run_on_gpu(args) -> int:
     print("\nCorrectness vs an fp64 reference of the same inputs (outputs poisoned with NaN first):")
     print("\n".join(check_lines))
 
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size or DEFAULT_L2_BYTES
-    method = (f"CUDA events around each call, median of {REPS} after {WARMUP} warm-up calls; a GPU spin "
-              f"before each call hides launch gaps; inputs random normal, rotated among enough sets "
-              f"to touch > 2x the {l2 / 1e6:.0f} MB L2 between uses; fp32 without TF32. "
+    method = (f"CUDA events around batches of ~2 ms of back-to-back calls, median of {BATCHES} batches after "
+              f"a warm-up call; inputs random normal, rotated among enough sets to exceed a 60 MB L2 three "
+              f"times; fp32 without TF32. "
               f"'vs torch.matmul' is the TFLOP/s ratio measured in this same run.")
     print(f"\nTiming ({method})")
-    time_lines = timing(pm, rungs, l2)
+    time_lines = timing(pm, rungs)
     clocks_after = gpu_clocks()
     print(f"SM clock after timing: {clocks_after.get('sm_clock', 'unavailable')} "
           f"(max {clocks_after.get('max_sm_clock', '?')}), power {clocks_after.get('power_draw', '?')}")
 
     if args.record:
         args.results_dir.mkdir(parents=True, exist_ok=True)
-        path = args.results_dir / f"{datetime.date.today().isoformat()}-demo.md"
+        path = result_path(args.results_dir, "demo", "md")
         text = "\n".join([
             f"# persistent_matmul demo on {env.get('gpu')}",
             "",

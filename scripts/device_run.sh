@@ -17,7 +17,7 @@
 # script exits non-zero if any failed. What it leaves in $OUT (8 files, no folders;
 # the device allows at most 8):
 #   device.log (tests, sweep, demo, benchmark, timelines output)  sanitizer.log  ncu.txt
-#   <date>-correctness-<rungs>.json/.md  <date>-demo.md  <date>-benchmark.json/.md/.png
+#   <date>-correctness.json/.md (summaries)  <date>-demo.md  <date>-benchmark.json/.md/.png
 #   integration.md  (ncu_hopper.txt with profile_hopper): more than 8 when every step
 #   runs, so point $OUT at a scratch folder and pack it (tar) into the real one.
 # Copy them back yourself: the device's copy of the repo is discarded.

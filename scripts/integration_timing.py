@@ -24,16 +24,15 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "scripts"))
+from harness.kernel import REPO_ROOT, load_kernel
+from harness.provenance import environment, environment_lines
+from harness.timing import warm_up_gpu
+from profile_workload import print_kernel_times
+
+sys.path.insert(0, str(REPO_ROOT / "examples"))  # the examples are scripts, not a package
 import diffusers_unet as unet_example  # noqa: E402
 import transformers_llama as llama_example  # noqa: E402
-from benchmark_table import warm_up_gpu  # noqa: E402
 from kernelize_linear import DEFAULT_BUILD, compare_kernelized  # noqa: E402
-from matmul_checks import environment, environment_lines, load_kernel  # noqa: E402
-from profile_workload import print_kernel_times  # noqa: E402
 
 
 def time_llama(args, build_dir: Path) -> dict:

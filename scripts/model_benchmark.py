@@ -32,7 +32,6 @@ model-benchmark). Needs a GPU and the build in build/.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import statistics
@@ -44,14 +43,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "examples"))
-from benchmark_table import L2_ROTATION_BYTES, calls_per_batch, geomean, interleaved_times, time_per_call  # noqa: E402
-from benchmark_table import warm_up_gpu  # noqa: E402
-from matmul_checks import DECODE_M, MODEL_PROJECTIONS as PROJECTIONS, PREFILL_M  # noqa: E402
-from matmul_checks import environment, environment_lines, gpu_clocks, load_kernel  # noqa: E402
+from harness.checks import DECODE_M, MODEL_PROJECTIONS as PROJECTIONS, PREFILL_M
+from harness.kernel import REPO_ROOT as ROOT, load_kernel
+from harness.provenance import command_line, environment, environment_lines, gpu_clocks
+from harness.results import RESULTS_DIR, result_path
+from harness.timing import (L2_ROTATION_BYTES, batch_time, calls_per_batch, geomean, interleaved_times,
+                            time_per_call, warm_up_gpu)
+
+sys.path.insert(0, str(ROOT / "examples"))  # kernelize_linear: the examples are scripts, not a package
 
 DTYPE = torch.bfloat16
 GRAPH_OUTPUT_BYTES = 4 * 2**30  # outputs a captured graph may hold at once (each call allocates its own)
@@ -315,15 +314,7 @@ def time_case(forward, prefill, graphs: bool, iters: int) -> tuple[torch.Tensor,
         prefill()
     logits = forward().clone()
     if not graphs:
-        times = []
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            forward()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return logits, statistics.median(times)
+        return logits, batch_time(lambda _: forward(), 1, iters) * 1e3
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -335,16 +326,9 @@ def time_case(forward, prefill, graphs: bool, iters: int) -> tuple[torch.Tensor,
     graph.replay()
     torch.cuda.synchronize()
     replayed = static_logits.clone()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    ms = batch_time(lambda _: graph.replay(), 1, iters) * 1e3
     del graph
-    return replayed, statistics.median(times)
+    return replayed, ms
 
 
 def normwise(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -436,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of the model (default: %(default)s)")
     parser.add_argument("--iters", type=int, default=20, help="timed forwards per model case")
     parser.add_argument("--build", type=Path, default=ROOT / "build")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--tag", default="model-benchmark")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.iters < 1 or args.layers < 1 or min(args.ms) < 1:
@@ -446,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pm, how = load_kernel(args.build.resolve().parent)
     env = environment(pm, how)
+    env["command"] = command_line()
     warm_up_gpu()
     report = {"environment": env}
     lines = ["# Real-model shapes: persistent_matmul against torch", "", *environment_lines(env), ""]
@@ -467,9 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"Clocks at the end: {env['clocks_at_end']}")
     text = "\n".join(lines) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{datetime.date.today().isoformat()}-{args.tag}"
-    (args.out / f"{stem}.md").write_text(text)
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    md_path = result_path(args.out, args.tag, "md")
+    md_path.write_text(text)
+    md_path.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     print(text)
     return 0
 

@@ -1,9 +1,10 @@
 """Draw a benchmark_table.py result as a PNG: TFLOP/s per shape and rung, one panel per dtype.
 
-    python scripts/plot_benchmark.py benchmarks/results/2026-11-29-benchmark.json
+    python scripts/plot_benchmark.py benchmarks/results/<date>-benchmark.json
 
-writes benchmarks/results/2026-11-29-benchmark.png next to it; the kernel card
-(kernelpress/card.py) shows the newest one. benchmark_table.py calls plot() itself.
+writes benchmarks/results/<date>-benchmark.png next to it; the kernel card
+(kernelpress/card.py) and the README show the newest one. benchmark_table.py
+calls plot() itself.
 """
 
 from __future__ import annotations

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from matmul_checks import load_kernel, run_variant  # noqa: E402
+from harness.kernel import load_kernel, run_variant
 
 
 def print_kernel_times(name: str, call, what: str, repeat: int, top: int = 0) -> None:

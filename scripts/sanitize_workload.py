@@ -15,13 +15,11 @@ wrong (the sanitizer's own report says whether memory accesses were).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from matmul_checks import TOLERANCE, matmul_error, poison, random_operands  # noqa: E402
-from matmul_checks import load_kernel  # noqa: E402
+from harness.checks import TOLERANCE, matmul_error, poison, random_operands
+from harness.kernel import load_kernel
 
 # (8, 300, 4000): a skinny product whose splitk CTAs wrap around their ring of stages.
 SHAPES = [(1, 1, 1), (7, 9, 5), (129, 65, 70), (64, 200, 33), (8, 300, 4000), (256, 192, 128), (200, 136, 192)]

@@ -10,12 +10,11 @@ normwise relative error is over the dtype's tolerance.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from matmul_checks import TOLERANCE, load_kernel, matmul_error, run_variant  # noqa: E402
+from harness.checks import TOLERANCE, matmul_error
+from harness.kernel import load_kernel, run_variant
 
 SHAPES = [(1, 1, 1), (200, 300, 70), (4096, 4096, 4096)]
 

@@ -44,13 +44,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "tests"))
-from benchmark_table import (calls_per_batch, interleaved_times, parse_shape, rotated_inputs,  # noqa: E402
-                             time_per_call, warm_up_gpu)
-from matmul_checks import environment, environment_lines, gpu_clocks, run_variant  # noqa: E402
-from sustained_run import sustained_columns  # noqa: E402
+from harness.kernel import REPO_ROOT as ROOT, load_build, load_kernel, run_variant
+from harness.provenance import command_line, environment, environment_lines, gpu_clocks
+from harness.results import result_path
+from harness.timing import (calls_per_batch, interleaved_times, parse_shape, rotated_inputs, time_per_call,
+                            warm_up_gpu)
+from sustained_run import sustained_columns
 
 BM, BN, BK = 128, 256, 64  # hopper::WideTile
 STAGE_BYTES, STAGES = (BM + BN) * BK * 2, 4
@@ -163,7 +162,8 @@ def main() -> int:
     parser.add_argument("--rungs", nargs="+", default=["wgmma_persistent"],
                         help="rungs (or variants, as the benchmark names them) of each kernel to time")
     parser.add_argument("--no-kernel", action="store_true", help="time the k-loop and torch.matmul only")
-    parser.add_argument("--out", type=Path, help="write speed_of_light.json (environment and rows) here")
+    parser.add_argument("--out", type=Path,
+                        help="write <date>-speed-of-light.md and .json (environment and rows) to this directory")
     args = parser.parse_args()
     if args.rounds < 1 or any(c < 1 for c in args.ctas):
         parser.error("--rounds and every --ctas must be at least 1")
@@ -183,13 +183,12 @@ def main() -> int:
         kloop = KLoop(compile_cubin(Path(tmp)))
     kernels, how = {}, None  # column label (after the rung's name) -> loaded package; how the first loaded
     if args.builds:
-        from compare_builds import load_build
         kernels, how = {f" ({folder.name})": load_build(folder) for folder in args.builds}, "kernels.get_local_kernel"
     elif not args.no_kernel:
-        from matmul_checks import load_kernel
         pm, how = load_kernel()
         kernels = {"": pm}
     env = environment(next(iter(kernels.values()), None), how)
+    env["command"] = command_line()
     warm_up_gpu()  # first, so the header's SM clock and power are those under load
     env.update(gpu_clocks())
     rows = []
@@ -207,12 +206,14 @@ def main() -> int:
             rows += sustained_rows(columns, (m, n, k), args.seconds)
         del inputs
         torch.cuda.empty_cache()
-    print("\n".join(environment_lines(env)))
-    print(f"- k-loop: benchmarks/speed_of_light.cu, {sms} SMs; bf16, B row-major K x N\n")
-    print(markdown(rows))
+    text = "\n".join([*environment_lines(env), f"- k-loop: benchmarks/speed_of_light.cu, {sms} SMs; bf16, "
+                      "B row-major K x N", "", markdown(rows), ""])
+    print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "speed_of_light.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+        md_path = result_path(args.out, "speed-of-light", "md")
+        md_path.write_text(text)
+        md_path.with_suffix(".json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1) + "\n")
     return 0
 
 

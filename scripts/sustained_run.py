@@ -16,14 +16,11 @@ import argparse
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from benchmark_table import parse_shape  # noqa: E402
-from matmul_checks import load_kernel, run_variant  # noqa: E402
+from harness.kernel import load_kernel, run_variant
+from harness.timing import parse_shape
 
 SAMPLE_MS = 100
 

@@ -16,11 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import gpu_work  # noqa: E402
-import recorded  # noqa: E402
-import validation  # noqa: E402
+# Run as `python space/record.py`, so space/ leads sys.path, as it does for app.py on the Hub.
+import gpu_work
+import recorded
+import validation
 
 
 def timeline_problems(result: dict) -> list[str]:

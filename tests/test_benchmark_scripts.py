@@ -1,18 +1,21 @@
-"""CPU tests of the device scripts, for what needs no GPU: the benchmark's columns,
-compare_builds' refusal of a comparison that would measure nothing, and that the
-shell scripts parse."""
+"""CPU tests of the device scripts, for what needs no GPU: the benchmark's columns
+and the README table it writes, compare_builds' refusal of a comparison that
+would measure nothing, the one timing loop, the names of the results files, the
+correctness sweep's compact summary, and that the shell scripts parse."""
 
 from __future__ import annotations
 
+import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+from benchmark_table import README_END, README_START, with_variant_columns
+from harness.kernel import CLUSTER_VARIANT, TILE_ORDER_VARIANTS
 
-from benchmark_table import with_variant_columns  # noqa: E402
-from matmul_checks import CLUSTER_VARIANT, TILE_ORDER_VARIANTS  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
 
 
 def test_variant_columns_follow_each_persistent_rung():
@@ -47,7 +50,7 @@ def test_compare_builds_needs_a_round(repo_root, subprocess_env):
 
 
 def test_device_shell_scripts_parse():
-    """`bash -n` on the scripts meant for the GPU machine: a syntax error there costs a device call."""
+    """`bash -n` on the scripts meant for the GPU machine: a syntax error there costs a run on it."""
     scripts = sorted(SCRIPTS.glob("*.sh"))
     assert scripts
     for script in scripts:
@@ -88,7 +91,7 @@ def test_compare_builds_takes_two_rungs_of_one_build(variant_dir, repo_root, sub
 
 
 def test_geomean():
-    from compare_builds import geomean
+    from harness.timing import geomean
 
     assert abs(geomean([1.0, 4.0]) - 2.0) < 1e-12
     assert abs(geomean([0.5, 2.0, 1.0]) - 1.0) < 1e-12
@@ -128,7 +131,7 @@ def test_speed_of_light_columns_hand_out_every_k_block():
 
 
 def test_speed_of_light_kernel_compiles_to_hgmma(tmp_path):
-    """The k-loop compiles for sm_90a with the package's helpers, and keeps all its
+    """The k-loop compiles for sm_90a with the package's device functions, and keeps all its
     wgmmas (a k-loop whose accumulators went unused would lose them)."""
     from speed_of_light import compile_cubin
 
@@ -159,21 +162,21 @@ def test_interleaved_times_times_every_column_once_a_round_in_a_seeded_order(mon
     """The benchmark, compare_builds and speed_of_light share this loop: each round
     times every column once, in an order shuffled per round but the same from run
     to run, and each column's times are its own."""
-    import benchmark_table
+    from harness import timing
 
     timed = []
-    monkeypatch.setattr(benchmark_table, "time_per_call",
+    monkeypatch.setattr(timing, "time_per_call",
                         lambda fn, calls, batches: timed.append((fn(0), calls, batches)) or fn(0) * 10 + calls)
     runners = {name: (lambda v: lambda i: v)(v) for v, name in enumerate(["torch.matmul", "tiled", "wgmma", "k-loop"])}
     calls = {"torch.matmul": 1, "tiled": 2, "wgmma": 3, "k-loop": 4}
-    times = benchmark_table.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
+    times = timing.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
     assert times == {name: [v * 10 + calls[name]] * 3 for v, name in enumerate(runners)}
     assert len(timed) == 12 and all(batches == 2 for _, _, batches in timed)
     orders = [[v for v, _, _ in timed[r * 4:(r + 1) * 4]] for r in range(3)]
     assert all(sorted(order) == [0, 1, 2, 3] for order in orders)
     assert len({tuple(order) for order in orders}) > 1  # shuffled per round
     timed.clear()
-    benchmark_table.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
+    timing.interleaved_times(runners, calls, dict.fromkeys(runners, 2), rounds=3)
     assert [[v for v, _, _ in timed[r * 4:(r + 1) * 4]] for r in range(3)] == orders  # the same every run
 
 
@@ -219,3 +222,282 @@ def test_sustained_columns_warm_each_column_and_take_ratios_to_torch(monkeypatch
     assert rows == [("torch.matmul", 2.0, 1500.0, 690.0, 1.0), ("k-loop", 1.0, 1500.0, 690.0, 2.0)]
     assert calls == [("torch", i) for i in range(20)] + [("torch", -1)] + \
         [("k-loop", i) for i in range(20)] + [("k-loop", -1)]
+
+
+# --- one timing loop -----------------------------------------------------------------
+
+
+def _function(path: Path, name: str) -> ast.FunctionDef:
+    return next(node for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.FunctionDef) and node.name == name)
+
+
+def _without_docstring(fn: ast.FunctionDef) -> str:
+    body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) else fn.body
+    return ast.dump(ast.Module(body=body, type_ignores=[])) + ast.dump(fn.args)
+
+
+def test_space_times_with_the_scripts_loop():
+    """The Space is uploaded without scripts/, so it keeps its own copy of the timing
+    loop: it must stay the scripts' loop statement for statement (arguments and
+    body; docstrings aside), or the page and the tables would measure differently."""
+    scripts_loop = _function(SCRIPTS / "harness" / "timing.py", "batch_time")
+    space_loop = _function(REPO / "space" / "gpu_work.py", "_time_per_call")
+    assert _without_docstring(space_loop) == _without_docstring(scripts_loop)
+    other = _function(SCRIPTS / "harness" / "timing.py", "time_per_call")  # a different function: must differ
+    assert _without_docstring(other) != _without_docstring(scripts_loop)
+
+
+def test_no_script_reaches_into_tests():
+    """The scripts import their shared code from scripts/harness/: none imports the
+    tests' module or puts tests/ on its path."""
+    for script in [*SCRIPTS.glob("*.py"), *SCRIPTS.glob("harness/*.py"), REPO / "space" / "record.py"]:
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module != "matmul_checks", script.name
+            elif isinstance(node, ast.Import):
+                assert "matmul_checks" not in [a.name for a in node.names], script.name
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "sys.path.insert":
+                assert "tests" not in ast.unparse(node), f"{script.name}: {ast.unparse(node)}"
+
+
+# --- the results files -----------------------------------------------------------------
+
+
+def test_latest_result_is_the_greatest_date_of_exactly_that_kind(tmp_path):
+    from harness.results import latest_result, result_path
+
+    assert latest_result(tmp_path / "missing", "benchmark") is None
+    for name in ("2026-01-02-benchmark.md", "2026-01-10-benchmark.md", "2026-01-03-benchmark.md",
+                 "2026-02-01-benchmark.json", "2026-03-01-model-benchmark.md", "2026-03-01-benchmark-fp32.md",
+                 "2026-04-01-correctness-splitk.md", "2026-01-05-correctness.md", "notes-benchmark.md"):
+        (tmp_path / name).write_text("")
+    assert latest_result(tmp_path, "benchmark").name == "2026-01-10-benchmark.md"
+    assert latest_result(tmp_path, "benchmark", "json").name == "2026-02-01-benchmark.json"
+    assert latest_result(tmp_path, "model-benchmark").name == "2026-03-01-model-benchmark.md"
+    assert latest_result(tmp_path, "correctness").name == "2026-01-05-correctness.md"
+    assert latest_result(tmp_path, "correctness-splitk").name == "2026-04-01-correctness-splitk.md"
+    assert latest_result(tmp_path, "demo") is None
+    import datetime
+
+    assert result_path(tmp_path, "demo", "md", datetime.date(2026, 7, 8)) == tmp_path / "2026-07-08-demo.md"
+
+
+def test_committed_results_follow_the_name_scheme():
+    """benchmarks/results/ holds the README and YYYY-MM-DD-<kind>.<ext> files only, few
+    and small (older runs live in git history), and its README names every kind there."""
+    import re
+
+    results = REPO / "benchmarks" / "results"
+    files = sorted(p for p in results.iterdir() if p.is_file())
+    assert len(files) <= 20 and sum(p.stat().st_size for p in files) < 3 * 2**20
+    readme = (results / "README.md").read_text()
+    for path in files:
+        if path.name == "README.md":
+            continue
+        match = re.fullmatch(r"\d{4}-\d{2}-\d{2}-([a-z0-9-]+)\.(md|json|png|log)", path.name)
+        assert match, path.name
+        assert f"-{match.group(1)}." in readme, f"benchmarks/results/README.md does not name {path.name}'s kind"
+
+
+def test_demo_shows_the_newest_all_rung_correctness_and_demo(tmp_path):
+    import demo
+
+    for name in ("2026-01-01-correctness.md", "2026-01-03-correctness.md", "2026-01-09-correctness-splitk.md",
+                 "2026-01-09-correctness-quick.md", "2026-01-02-demo.md", "2026-01-04-benchmark.md"):
+        (tmp_path / name).write_text("- GPU: Some GPU\n")
+    assert [p.name for p in demo.recorded_files(tmp_path)] == ["2026-01-03-correctness.md", "2026-01-02-demo.md"]
+
+
+def test_demo_without_a_gpu_prints_the_recorded_results(repo_root, subprocess_env):
+    import torch
+
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip("with a GPU the demo measures instead")
+    from harness.results import RESULTS_DIR, latest_result
+
+    result = subprocess.run([sys.executable, str(SCRIPTS / "demo.py")], cwd=repo_root, env=subprocess_env,
+                            capture_output=True, text=True, timeout=300)
+    correctness = latest_result(RESULTS_DIR, "correctness")
+    assert correctness is not None
+    assert f"----- benchmarks/results/{correctness.name} -----" in result.stdout
+    assert "No CUDA GPU here: showing results recorded on" in result.stdout
+
+
+# --- the README's results table ----------------------------------------------------------
+
+FIXTURE = REPO / "tests" / "fixtures" / "benchmark-result.json"
+
+
+def _readme_from_json(repo_root, env, readme: Path, result_json: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / "benchmark_table.py"), "--from-json", str(result_json),
+                           "--readme", str(readme)], cwd=repo_root, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_benchmark_writes_its_table_between_the_readme_markers(tmp_path, repo_root, subprocess_env):
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    recorded = results / "2026-12-03-benchmark.json"
+    recorded.write_text(FIXTURE.read_text())
+    (results / "2026-12-03-benchmark.png").write_bytes(b"\x89PNG")
+    before = "# A project\n\nIntro line.\n\n## Results\n\n"
+    after = "\nMore text.\n\n## Next\n\nThe end.\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{before}{README_START}\nan old table\n| 1 | 2 |\n{README_END}{after}")
+
+    result = _readme_from_json(repo_root, subprocess_env, readme, recorded)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = readme.read_text()
+    assert text.startswith(before + README_START + "\n") and text.endswith(README_END + after)
+    table = text[len(before) + len(README_START):-len(README_END + after)].strip("\n").splitlines()
+    assert "an old table" not in text
+    assert table[0].startswith("Measured on NVIDIA H200 (132 SMs) on 2026-12-03 (torch 2.11.0+cu130, driver "
+                               "580.159.04) at commit `20c7419be36e` with "
+                               "`python scripts/benchmark_table.py --no-variants --rounds 9 --shapes ")
+    assert "[2026-12-03-benchmark.md](benchmarks/results/2026-12-03-benchmark.md)" in table[0]
+    assert table[2:] == [
+        "| bfloat16 M x N x K | torch.matmul | naive | tiled | persistent | wgmma | wgmma_persistent |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        "| 4096x4096x4096 | 783.4 | 4.3 (0.01x) | 457.3 (0.58x) | 466.9 (0.60x) | 747.9 (0.95x) | 768.9 (0.98x) |",
+        "| 8192x8192x8192 | 720.9 | skipped | 398.8 (0.55x) | 407.0 (0.56x) | 710.6 (0.99x) | 741.5 (1.03x) |",
+        "| 4097x4097x4097 | 132.2 | 3.2 (0.02x) | 197.9 (1.50x) | 213.3 (1.61x) | 426.1 (3.22x) | 432.0 (3.27x) |",
+        "| geomean ratio | | 0.01x | 0.78x | 0.82x | 1.45x | 1.49x |",
+        "",
+        "float32 (TF32 off), geomean ratio to torch.matmul over 1 shapes: naive 0.08x, warptiled 0.89x.",
+        "",
+        "![TFLOP/s per shape and rung](benchmarks/results/2026-12-03-benchmark.png)",
+    ]
+    # Again: the same README, the same table (the block replaces itself, nothing piles up).
+    assert _readme_from_json(repo_root, subprocess_env, readme, recorded).returncode == 0
+    assert readme.read_text() == text
+
+
+def test_benchmark_records_its_command_for_the_readme():
+    from benchmark_table import recorded_command
+
+    result = json.loads(FIXTURE.read_text())
+    result["environment"]["command"] = "python scripts/benchmark_table.py --rounds 5"
+    assert recorded_command(result) == "python scripts/benchmark_table.py --rounds 5"
+
+
+def test_benchmark_leaves_a_readme_without_markers_alone(tmp_path, repo_root, subprocess_env):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# A project\n\n{README_START}\nno end marker\n")
+    result = _readme_from_json(repo_root, subprocess_env, readme, FIXTURE)
+    assert result.returncode == 1
+    assert "README table not written" in result.stderr and README_END in result.stderr
+    assert readme.read_text() == f"# A project\n\n{README_START}\nno end marker\n"
+
+
+def test_the_recorded_benchmark_of_record_renders():
+    """The committed run of record stays readable by the README writer."""
+    from benchmark_table import readme_table
+    from harness.results import RESULTS_DIR, latest_result
+
+    recorded = latest_result(RESULTS_DIR, "benchmark", "json")
+    assert recorded is not None
+    result = json.loads(recorded.read_text())
+    block = readme_table(result, recorded, REPO / "README.md")
+    assert result["environment"]["gpu"] in block and result["environment"]["git_commit"][:12] in block
+    assert f"(benchmarks/results/{recorded.with_suffix('.md').name})" in block
+
+
+# --- the correctness sweep's summary ------------------------------------------------------
+
+
+def test_correctness_summary_is_compact_and_cases_only_on_request(tmp_path):
+    import correctness_sweep as sweep
+
+    cases = [sweep.Case("tiled", "bf16", "random", m, 64, 64, False, False, bound=1e-2, rel_error=1e-3,
+                        nan_count=0, passed=True, status="pass") for m in range(1, 3001)]
+    cases.append(sweep.Case("tiled", "bf16", "exact", 7, 9, 5, True, False, mismatches=3, nan_count=0,
+                            passed=False, status="fail"))
+    cases.append(sweep.Case("tiled", "bf16", "random", 8, 8, 8, False, True, bound=1e-2, rel_error=0.5,
+                            nan_count=1, passed=False, status="fail", fuzz=True))
+    rows = sweep.summarize(cases)
+    report = {"verdict": "FAIL", "stopped_early": None, "rungs": ["tiled"], "quick": False, "seed": 1,
+              "reproduce": "python scripts/correctness_sweep.py --seed 1", "environment": {"gpu": "Some GPU"},
+              "clocks_end": {}, "cases": len(cases), "total_tflop": 0.0, "estimated_seconds": 1.0,
+              "wall_seconds": 1.0, "full_layout_limit": 2.0**31, "tolerance": {"bf16": 1e-2}, "summary": rows}
+    written = sweep.write_reports(tmp_path / "out", "correctness-tiled", report, rows, cases)
+    assert [p.name for p in written] == [f"{p.name[:10]}-correctness-tiled.md" for p in written[:1]] + \
+        [f"{written[0].name[:10]}-correctness-tiled.json"]
+    summary = json.loads(written[1].read_text())
+    assert "results" not in summary and written[1].stat().st_size < 10_000
+    assert summary["failures"] == 2
+    assert [c["case"] for c in summary["failed_cases"]] == ["tiled bf16 exact 7x9x5 aT.b", "tiled bf16 fuzz 8x8x8 a.bT"]
+    (row,) = summary["summary"]
+    assert (row["random_cases"], row["random_failures"], row["fuzz_cases"], row["exact_failures"]) == (3001, 1, 1, 1)
+    assert row["worst_case"] == "tiled bf16 fuzz 8x8x8 a.bT" and row["max_rel_error"] == 0.5
+    assert "- tiled bf16 exact 7x9x5 aT.b: 3 of 63 elements differ, 0 NaN" in written[0].read_text()
+
+    per_case = tmp_path / "scratch" / "cases.json"
+    written = sweep.write_reports(tmp_path / "out", "correctness-tiled", report, rows, cases, per_case)
+    assert written[-1] == per_case
+    detail = json.loads(per_case.read_text())
+    assert len(detail["results"]) == len(cases) and "rel_error" in detail["result_columns"]
+
+
+# --- scripts that time through harness.timing (CPU, with a stand-in for CUDA events) ---------
+
+
+class _FakeEvent:
+    """A CUDA event on a clock that the timed function advances."""
+    clock = [0.0]
+
+    def __init__(self, enable_timing=True):
+        self.at = None
+
+    def record(self):
+        self.at = self.clock[0]
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return end.at - self.at
+
+
+def _fake_cuda(monkeypatch, ms_per_call: float):
+    from harness import timing
+
+    monkeypatch.setattr(timing.torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    _FakeEvent.clock[0] = 0.0
+
+    def tick():
+        _FakeEvent.clock[0] += ms_per_call
+
+    return tick
+
+
+def test_demo_times_batches_rotating_its_input_sets(monkeypatch):
+    import demo
+
+    tick = _fake_cuda(monkeypatch, 0.1)
+    seen = []
+    sets = [("a0", "b0"), ("a1", "b1"), ("a2", "b2")]
+    ms = demo.median_ms(lambda a, b, out: seen.append((a, b, out)) or tick(), sets, "out")
+    assert abs(ms - 0.1) < 1e-9
+    assert set(seen) == {(*s, "out") for s in sets}
+    # warm-up and a probe of one call, a warm-up call, then batches of 20 calls (~2 ms)
+    assert len(seen) == 1 + 1 + 1 + demo.BATCHES * 20
+
+
+def test_model_benchmark_times_each_forward_as_a_batch_of_one(monkeypatch):
+    import torch
+
+    import model_benchmark
+
+    tick = _fake_cuda(monkeypatch, 3.0)
+    calls = []
+
+    def forward():
+        calls.append(1)
+        tick()
+        return torch.zeros(2)
+
+    logits, ms = model_benchmark.time_case(forward, None, graphs=False, iters=7)
+    assert ms == 3.0 and len(calls) == 1 + 7 and torch.equal(logits, torch.zeros(2))

@@ -17,13 +17,13 @@ from matmul_checks import (
     exact_int_bias,
     exact_int_nonzeros_per_row,
     exact_int_operands,
-    git_commit,
     matmul_error,
     poison,
     random_operands,
     reference,
     rel_error,
 )
+from harness.provenance import git_commit
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 

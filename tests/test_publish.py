@@ -174,20 +174,23 @@ def test_max_ops_splits_commits(hub, token, repo_copy):
     assert managed(hub.files("kernel", REPO_ID, "v1")) == local_kernel_files(repo_copy)
 
 
-def test_latest_benchmark_is_the_last_measured(tmp_path):
-    """Of several tables, the card takes the latest day (the name's date), and of one
-    day's tables the one measured last (its Date line), not the last by name."""
+def test_latest_benchmark_is_the_greatest_dated_name(tmp_path):
+    """The card takes the newest YYYY-MM-DD-benchmark.md (the greatest name: the date
+    leads), and its plot only if one was drawn; other kinds and names do not count."""
     results = tmp_path / "benchmarks" / "results"
     results.mkdir(parents=True)
     assert latest_benchmark(tmp_path) is None
-    (results / "2026-01-01-old-benchmark.md").write_text("a table without a date\n")
-    assert latest_benchmark(tmp_path).name == "2026-01-01-old-benchmark.md"
-    (results / "2026-01-02-zeta-benchmark.md").write_text("- Date: 2026-01-02T09:00:00+00:00\n")
-    (results / "2026-01-02-alpha-benchmark.md").write_text("- Date: 2026-01-02T17:30:00+00:00\n")
-    (results / "2026-01-02-alpha-benchmark.png").write_bytes(b"png")
-    (results / "2026-01-02-notes.md").write_text("- Date: 2026-12-31T00:00:00+00:00\n")  # not a table
-    assert latest_benchmark(tmp_path).name == "2026-01-02-alpha-benchmark.md"
-    assert latest_benchmark_plot(tmp_path).name == "2026-01-02-alpha-benchmark.png"
+    (results / "2026-01-01-benchmark.md").write_text("a table\n")
+    assert latest_benchmark(tmp_path).name == "2026-01-01-benchmark.md"
+    assert latest_benchmark_plot(tmp_path) is None
+    (results / "2026-01-03-benchmark.md").write_text("a later table\n")
+    (results / "2026-01-02-benchmark.md").write_text("an earlier one, written last\n")
+    (results / "2026-01-03-benchmark.png").write_bytes(b"png")
+    for other in ("2026-01-09-model-benchmark.md", "2026-01-09-experiment-benchmark.md", "latest-benchmark.md",
+                  "2026-01-09-benchmark.json"):
+        (results / other).write_text("not the benchmark table\n")
+    assert latest_benchmark(tmp_path).name == "2026-01-03-benchmark.md"
+    assert latest_benchmark_plot(tmp_path).name == "2026-01-03-benchmark.png"
 
 
 def test_chunk():
