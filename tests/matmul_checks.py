@@ -2,14 +2,14 @@
 
 Used by the GPU tests (tests/test_gpu_*.py) and by the scripts
 (scripts/correctness_sweep.py, scripts/demo.py), which put this directory on
-sys.path. The protocol follows DESIGN.md section 7:
+sys.path. Every correctness check follows one protocol:
 
 * random normal operands, compared with an fp64 product of the *same rounded*
   inputs by the normwise relative error ``||out - ref||_F / ||ref||_F``, which
-  must stay under ``TOLERANCE[dtype]`` (the denominator is kept from falling
-  below the inputs' magnitude by ``cancellation_floor``, so an output of a few
-  elements that cancels to near zero by chance does not make a correct kernel
-  fail);
+  must stay under ``TOLERANCE[dtype]`` (bf16 1e-2, fp16 2e-3, fp32 1e-4; the
+  denominator is kept from falling below the inputs' magnitude by
+  ``cancellation_floor``, so an output of a few elements that cancels to near
+  zero by chance does not make a correct kernel fail);
 * small-integer operands for which every partial sum and every output is
   exactly representable, so the kernel's result must equal the rounded
   reference bit for bit (this exposes tile, tail and scheduling bugs exactly);
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-# Normwise relative error bounds (DESIGN.md section 7).
+# Normwise relative error bounds for a product of random normal operands, against the
+# fp64 product of the same rounded inputs.
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-4}
 
 # Largest magnitude up to which every integer is exactly representable: 2**p,
@@ -159,7 +160,7 @@ def reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
 def rel_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> float:
     """Normwise relative error ``||out - ref||_F / max(||ref||_F, floor)``, in float64.
 
-    With the default ``floor=0`` this is DESIGN.md's measure. When the
+    With the default ``floor=0`` this is the plain normwise measure. When the
     denominator is 0 (``ref`` all zeros, no floor) the absolute error
     ``||out - ref||_F`` is returned instead. Any NaN or infinity in ``out``
     gives ``inf``, so it never passes a bound. See ``cancellation_floor`` for
@@ -341,9 +342,9 @@ def _run_text(args: list[str], cwd: Path | None = None) -> str | None:
 def git_commit(metadata: dict, repo_root: Path = REPO_ROOT) -> tuple[str | None, str]:
     """The source commit of what was measured: the commit the loaded build was
     made from (its metadata.json provenance), else ``git rev-parse HEAD`` of the
-    checkout. A build copied onto the GPU machine runs beside a checkout whose git
-    history may be older than the build (2026-12-03: tables named the session's
-    first commit), so the build's own record comes first, and a checkout at
+    checkout. A build copied onto the GPU machine may run beside a checkout whose
+    git history is older than the build (its HEAD would name a commit the build
+    does not come from), so the build's own record comes first, and a checkout at
     another commit is named beside it. Returns ``(commit or None, where it came from)``."""
     head = _run_text(["git", "rev-parse", "HEAD"], cwd=repo_root)
     kernel = metadata.get("provenance", {}).get("kernel", {})

@@ -47,7 +47,7 @@ def test_compare_builds_needs_a_round(repo_root, subprocess_env):
 
 
 def test_device_shell_scripts_parse():
-    """`bash -n` on the scripts meant for the GPU machine: a syntax error there costs a device call."""
+    """`bash -n` on the scripts meant for the GPU machine: a syntax error would only show there."""
     scripts = sorted(SCRIPTS.glob("*.sh"))
     assert scripts
     for script in scripts:

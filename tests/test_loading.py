@@ -1,4 +1,5 @@
-"""Every way DESIGN.md §3 says the built kernel loads, each in a fresh interpreter.
+"""Every way the built kernel loads (LOCAL_KERNELS, offline from the HF cache,
+get_local_kernel, ``kernels info``) and its op schema, each in a fresh interpreter.
 
 Each child process gets its environment before it imports huggingface_hub
 (which reads HF_HUB_OFFLINE, HF_HOME and HF_HUB_CACHE at import time), prints
@@ -32,7 +33,9 @@ import pytest
 
 REPO_ID = "persistent-matmul/persistent-matmul"
 FAKE_SHA = "0123456789abcdef0123456789abcdef01234567"
-SCHEMA_ARGS = "Tensor a, Tensor b, Tensor? bias, Tensor(a!) out"
+# matmul_out, the op every checked product goes through.
+SCHEMA_ARGS = ("Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, str kernel, int tile_order=-1, "
+               "int cluster_size=0, Tensor(b!)? timeline=None")
 TIMEOUT = 180
 
 # Shared by the children that load the kernel: what it is and where it came from.
@@ -55,9 +58,9 @@ def describe(pm):
         "metadata_id": loaded[0].metadata.id if loaded else None,
         "metadata_name": str(loaded[0].metadata.name) if loaded else None,
         "metadata_version": loaded[0].metadata.version if loaded else None,
-        "has_naive": hasattr(ns, "naive"),
-        "schema": str(ns.naive.default._schema) if hasattr(ns, "naive") else None,
-        "prefix": pm._ops.add_op_namespace_prefix("naive"),
+        "has_matmul_out": hasattr(ns, "matmul_out"),
+        "schema": str(ns.matmul_out.default._schema) if hasattr(ns, "matmul_out") else None,
+        "prefix": pm._ops.add_op_namespace_prefix("matmul_out"),
         "all": list(pm.__all__),
         "available": {k: [v.available, v.reason] for k, v in pm.available_kernels().items()},
         "matmul_error": error,
@@ -108,9 +111,9 @@ def assert_loaded_build(res: dict, metadata: dict, variant_path: Path) -> None:
     assert res["metadata_name"] == metadata["name"]
     assert res["metadata_version"] == metadata["version"]
     assert Path(res["file"]).resolve() == (variant_path / "__init__.py").resolve()
-    assert res["has_naive"], f"torch.ops.{kid}.naive is not registered"
+    assert res["has_matmul_out"], f"torch.ops.{kid}.matmul_out is not registered"
     assert SCHEMA_ARGS in res["schema"]
-    assert res["prefix"] == f"{kid}::naive"
+    assert res["prefix"] == f"{kid}::matmul_out"
     assert {"matmul", "linear", "available_kernels", "KERNELS", "layers"} <= set(res["all"])
     assert "naive" in res["available"]
     assert all(not ok and "no CUDA device" in why for ok, why in res["available"].values())
@@ -263,9 +266,10 @@ def test_op_schema(pm, metadata):
     import torch
 
     assert pm.__name__ == metadata["id"]
-    op = getattr(torch.ops, metadata["id"]).naive.default
+    op = getattr(torch.ops, metadata["id"]).matmul_out.default
     schema = str(op._schema)
-    assert schema == f"{metadata['id']}::naive({SCHEMA_ARGS}) -> ()"
+    assert schema == f"{metadata['id']}::matmul_out({SCHEMA_ARGS}) -> ()"
     args = op._schema.arguments
-    assert [a.name for a in args] == ["a", "b", "bias", "out"]
-    assert [a.alias_info is not None and a.alias_info.is_write for a in args] == [False, False, False, True]
+    assert [a.name for a in args] == ["a", "b", "bias", "out", "kernel", "tile_order", "cluster_size", "timeline"]
+    writes = [a.alias_info is not None and a.alias_info.is_write for a in args]
+    assert writes == [False, False, False, True, False, False, False, True]
