@@ -104,23 +104,18 @@ class BenchmarkView(NamedTuple):
     csv: Any
     json: Any
 
-    @classmethod
-    def status_only(cls, status: str) -> BenchmarkView:
-        """A new status line, every other output left as it is."""
-        return cls(status, *[gr.skip()] * (len(cls._fields) - 1))
-
 
 class TimelineView(NamedTuple):
     """What the Timeline tab shows, one field per output component, in their order."""
 
     status: str
     figure: Any
-    summary: Any
+    summary: str
 
-    @classmethod
-    def status_only(cls, status: str) -> TimelineView:
-        """A new status line, every other output left as it is."""
-        return cls(status, *[gr.skip()] * (len(cls._fields) - 1))
+
+def status_only(view: type[BenchmarkView] | type[TimelineView], status: str) -> BenchmarkView | TimelineView:
+    """A tab's outputs with a new status line, every other output left as it is."""
+    return view(status, *[gr.skip()] * (len(view._fields) - 1))
 
 
 def _downloads(rows: list[dict], environment: dict) -> tuple[str, str]:
@@ -199,19 +194,19 @@ def benchmark(rungs, dtype, preset, custom, progress=gr.Progress()) -> Benchmark
     try:
         rungs, dtype, shapes = validation.benchmark_request(rungs, dtype, preset, custom, STATE["rungs"])
     except InputError as exc:
-        return BenchmarkView.status_only(_warn(str(exc)))
+        return status_only(BenchmarkView, _warn(str(exc)))
     try:
         if not STATE["live"]:
             out = recorded_benchmark(rungs, dtype)
             return out._replace(status=f"Cannot run live: {no_gpu_reason()}. {out.status}")
         result = gpu_work.run_benchmark(rungs, dtype, shapes, progress=None if ZERO_GPU else progress)
         if result.get("error") and not result["rows"]:
-            return BenchmarkView.status_only(_warn(f"The benchmark did not run: {result['error']}"))
+            return status_only(BenchmarkView, _warn(f"The benchmark did not run: {result['error']}"))
         env = result["environment"]
         label = f"Live on {env.get('gpu')} ({env.get('date')})"
         return benchmark_outputs(result["rows"], env, f"**{label}**, {len(shapes)} shape(s), {dtype}.", label)
     except Exception as exc:  # noqa: BLE001 - a message on the page, never a traceback
-        return BenchmarkView.status_only(_warn(f"The benchmark failed: {type(exc).__name__}: {exc}"))
+        return status_only(BenchmarkView, _warn(f"The benchmark failed: {type(exc).__name__}: {exc}"))
 
 
 def timeline(m, n, k) -> TimelineView:
@@ -219,19 +214,19 @@ def timeline(m, n, k) -> TimelineView:
     try:
         m, n, k = validation.timeline_request(m, n, k)
     except InputError as exc:
-        return TimelineView.status_only(_warn(str(exc)))
+        return status_only(TimelineView, _warn(str(exc)))
     try:
         if not STATE["live"]:
             out = recorded_timeline()
             return out._replace(status=f"Cannot run live: {no_gpu_reason()}. {out.status}")
         result = gpu_work.run_timeline(m, n, k)
         if result.get("error"):
-            return TimelineView.status_only(_warn(f"The timeline did not run: {result['error']}"))
+            return status_only(TimelineView, _warn(f"The timeline did not run: {result['error']}"))
         env = result["environment"]
         label = f"Live on {env.get('gpu')} ({env.get('date')})"
         return timeline_outputs(result, f"**{label}**.", label)
     except Exception as exc:  # noqa: BLE001 - a message on the page, never a traceback
-        return TimelineView.status_only(_warn(f"The timeline failed: {type(exc).__name__}: {exc}"))
+        return status_only(TimelineView, _warn(f"The timeline failed: {type(exc).__name__}: {exc}"))
 
 
 # --------------------------------------------------------------------------- layout
