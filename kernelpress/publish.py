@@ -1,6 +1,7 @@
 """``kernelpress publish``: put a checked build on the Hub, with its card and its Space.
 
-What it does (DESIGN.md §3, "Hub repo"; the same steps as ``kernel-builder upload``):
+What it does (the layout the Hub expects of a kernel repo; the same steps as
+``kernel-builder upload``):
 
 1. kernel repo ``create_repo(repo_id, repo_type="kernel", exist_ok=True)``;
 2. branch ``v<version>`` (version from the variants' metadata.json, which must agree);

@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import gpu_work  # first: imports `spaces` (ZeroGPU) before torch touches CUDA
 
@@ -28,16 +29,25 @@ ZERO_GPU = bool(os.environ.get("SPACES_ZERO_GPU")) and gpu_work.spaces is not No
 # PM_RECORDED_ONLY=1: never measure, always show the recording (tests use it on any machine).
 RECORDED_ONLY = os.environ.get("PM_RECORDED_ONLY", "") not in ("", "0")
 DOWNLOAD_DIR = Path(tempfile.mkdtemp(prefix="pm-space-"))
+DEFAULT_RUNGS = ("tiled", "persistent")  # the page's first selection: the pair the Space is about
 
 
 # --------------------------------------------------------------------------- state at start
 
 
 def _startup() -> dict:
-    """Kernel, device and recorded results, read once when the app starts."""
+    """Kernel, device and recorded results, read once when the app starts. ``rungs``,
+    the rungs the page offers, are the kernel's (``KERNELS``, in its order); without
+    a kernel, those of the recorded benchmark. Rungs the device cannot run (wgmma
+    and wgmma_persistent off Hopper) stay on offer: their rows say why they did not
+    run."""
     info = gpu_work.device_info()
     live = info["kernel_loaded"] and (info["gpu"] is not None or ZERO_GPU) and not RECORDED_ONLY
-    return {"info": info, "live": live, "bench": recorded.load_benchmark(), "timeline": recorded.load_timeline()}
+    bench = recorded.load_benchmark()
+    rungs = gpu_work.kernel_rungs()
+    if not rungs and bench:
+        rungs = list(dict.fromkeys(r["rung"] for r in bench["rows"] if r["rung"] != gpu_work.CUBLAS))
+    return {"info": info, "live": live, "bench": bench, "timeline": recorded.load_timeline(), "rungs": rungs}
 
 
 STATE = _startup()
@@ -84,6 +94,30 @@ def header_markdown() -> str:
 # --------------------------------------------------------------------------- outputs
 
 
+class BenchmarkView(NamedTuple):
+    """What the Benchmark tab shows, one field per output component, in their order."""
+
+    status: str
+    figure: Any
+    table: Any
+    summary: str
+    csv: Any
+    json: Any
+
+
+class TimelineView(NamedTuple):
+    """What the Timeline tab shows, one field per output component, in their order."""
+
+    status: str
+    figure: Any
+    summary: str
+
+
+def status_only(view: type[BenchmarkView] | type[TimelineView], status: str) -> BenchmarkView | TimelineView:
+    """A tab's outputs with a new status line, every other output left as it is."""
+    return view(status, *[gr.skip()] * (len(view._fields) - 1))
+
+
 def _downloads(rows: list[dict], environment: dict) -> tuple[str, str]:
     """CSV and JSON files of ``rows`` for the download buttons."""
     directory = Path(tempfile.mkdtemp(dir=DOWNLOAD_DIR))
@@ -97,20 +131,22 @@ def _downloads(rows: list[dict], environment: dict) -> tuple[str, str]:
     return str(csv_path), str(json_path)
 
 
-def benchmark_outputs(rows: list[dict], environment: dict, status: str, label: str) -> tuple:
-    """(status, figure, table, summary, csv, json) for a set of rows."""
+def benchmark_outputs(rows: list[dict], environment: dict, status: str, label: str) -> BenchmarkView:
+    """The Benchmark tab's outputs for a set of rows."""
     csv_path, json_path = _downloads(rows, environment)
     title = f"{label}: TFLOP/s per shape and rung (cuBLAS = torch.matmul)"
-    return (status, plots.benchmark_figure(rows, title), plots.benchmark_table(rows),
-            plots.benchmark_summary(rows), csv_path, json_path)
+    return BenchmarkView(status=status, figure=plots.benchmark_figure(rows, title, STATE["rungs"]),
+                         table=plots.benchmark_table(rows), summary=plots.benchmark_summary(rows, STATE["rungs"]),
+                         csv=csv_path, json=json_path)
 
 
-def recorded_benchmark(rungs: list[str] | None = None, dtype: str | None = None) -> tuple:
+def recorded_benchmark(rungs: list[str] | None = None, dtype: str | None = None) -> BenchmarkView:
     """The recorded benchmark (the rows matching ``rungs``/``dtype`` where there are any)."""
     bench = STATE["bench"]
     if not bench:
-        return ("**No recorded benchmark yet.** Run `python space/record.py` on a GPU to record one.",
-                plots.benchmark_figure([], ""), [], "", None, None)
+        return BenchmarkView(status="**No recorded benchmark yet.** Run `python space/record.py` on a GPU to "
+                             "record one.", figure=plots.benchmark_figure([], ""), table=[], summary="",
+                             csv=None, json=None)
     env, rows = bench["environment"], bench["rows"]
     label = recorded.describe(env)
     status = f"**Recorded results**, {label}."
@@ -124,15 +160,17 @@ def recorded_benchmark(rungs: list[str] | None = None, dtype: str | None = None)
     return benchmark_outputs(rows, env, status, short)
 
 
-def timeline_outputs(result: dict | None, status: str, label: str) -> tuple:
-    """(status, figure, summary) for a timeline result."""
+def timeline_outputs(result: dict | None, status: str, label: str) -> TimelineView:
+    """The Timeline tab's outputs for a timeline result."""
     if not result or result.get("error"):
         why = (result or {}).get("error") or "no recorded timeline yet; run `python space/record.py` on a GPU"
-        return f"{status} **No timeline to show:** {why}.", plots.timeline_figure({}, ""), ""
-    return status, plots.timeline_figure(result, label), plots.timeline_summary(result)
+        return TimelineView(status=f"{status} **No timeline to show:** {why}.", figure=plots.timeline_figure({}, ""),
+                            summary="")
+    return TimelineView(status=status, figure=plots.timeline_figure(result, label),
+                        summary=plots.timeline_summary(result))
 
 
-def recorded_timeline() -> tuple:
+def recorded_timeline() -> TimelineView:
     """The recorded timeline, labelled as recorded."""
     result = STATE["timeline"]
     if not result or result.get("error"):
@@ -151,44 +189,44 @@ def _warn(message: str) -> str:
 # --------------------------------------------------------------------------- handlers
 
 
-def benchmark(rungs, dtype, preset, custom, progress=gr.Progress()):
+def benchmark(rungs, dtype, preset, custom, progress=gr.Progress()) -> BenchmarkView:
     """Benchmark button: validate, then measure (GPU) or show the recording (no GPU)."""
     try:
-        rungs, dtype, shapes = validation.benchmark_request(rungs, dtype, preset, custom)
+        rungs, dtype, shapes = validation.benchmark_request(rungs, dtype, preset, custom, STATE["rungs"])
     except InputError as exc:
-        return (_warn(str(exc)),) + (gr.skip(),) * 5
+        return status_only(BenchmarkView, _warn(str(exc)))
     try:
         if not STATE["live"]:
             out = recorded_benchmark(rungs, dtype)
-            return (f"Cannot run live: {no_gpu_reason()}. {out[0]}",) + out[1:]
+            return out._replace(status=f"Cannot run live: {no_gpu_reason()}. {out.status}")
         result = gpu_work.run_benchmark(rungs, dtype, shapes, progress=None if ZERO_GPU else progress)
         if result.get("error") and not result["rows"]:
-            return (_warn(f"The benchmark did not run: {result['error']}"),) + (gr.skip(),) * 5
+            return status_only(BenchmarkView, _warn(f"The benchmark did not run: {result['error']}"))
         env = result["environment"]
         label = f"Live on {env.get('gpu')} ({env.get('date')})"
         return benchmark_outputs(result["rows"], env, f"**{label}**, {len(shapes)} shape(s), {dtype}.", label)
     except Exception as exc:  # noqa: BLE001 - a message on the page, never a traceback
-        return (_warn(f"The benchmark failed: {type(exc).__name__}: {exc}"),) + (gr.skip(),) * 5
+        return status_only(BenchmarkView, _warn(f"The benchmark failed: {type(exc).__name__}: {exc}"))
 
 
-def timeline(m, n, k):
+def timeline(m, n, k) -> TimelineView:
     """Timeline button: validate, then record timelines (GPU) or show the recording (no GPU)."""
     try:
         m, n, k = validation.timeline_request(m, n, k)
     except InputError as exc:
-        return (_warn(str(exc)), gr.skip(), gr.skip())
+        return status_only(TimelineView, _warn(str(exc)))
     try:
         if not STATE["live"]:
             out = recorded_timeline()
-            return (f"Cannot run live: {no_gpu_reason()}. {out[0]}",) + out[1:]
+            return out._replace(status=f"Cannot run live: {no_gpu_reason()}. {out.status}")
         result = gpu_work.run_timeline(m, n, k)
         if result.get("error"):
-            return (_warn(f"The timeline did not run: {result['error']}"), gr.skip(), gr.skip())
+            return status_only(TimelineView, _warn(f"The timeline did not run: {result['error']}"))
         env = result["environment"]
         label = f"Live on {env.get('gpu')} ({env.get('date')})"
         return timeline_outputs(result, f"**{label}**.", label)
     except Exception as exc:  # noqa: BLE001 - a message on the page, never a traceback
-        return (_warn(f"The timeline failed: {type(exc).__name__}: {exc}"), gr.skip(), gr.skip())
+        return status_only(TimelineView, _warn(f"The timeline failed: {type(exc).__name__}: {exc}"))
 
 
 # --------------------------------------------------------------------------- layout
@@ -202,7 +240,7 @@ def build() -> gr.Blocks:
         gr.Markdown(header_markdown(), elem_id="header")
         with gr.Tab("Benchmark", id="benchmark"):
             with gr.Row():
-                rungs = gr.CheckboxGroup(list(validation.RUNG_CHOICES), value=["tiled", "persistent"],
+                rungs = gr.CheckboxGroup(STATE["rungs"], value=[r for r in DEFAULT_RUNGS if r in STATE["rungs"]],
                                          label="Rungs (cuBLAS via torch.matmul always runs)")
                 dtype = gr.Radio(list(validation.DTYPE_CHOICES), value="bfloat16", label="dtype")
             with gr.Row():
@@ -212,14 +250,14 @@ def build() -> gr.Blocks:
                                           f"each dim <= {validation.MAX_DIM})",
                                     placeholder="4096x4096x4096, 16x4096x4096", elem_id="custom-shapes")
             run_b = gr.Button("Run benchmark" + live_note, variant="primary", elem_id="run-benchmark")
-            b_status = gr.Markdown(b_init[0], elem_id="benchmark-status")
-            b_plot = gr.Plot(b_init[1], label="TFLOP/s", show_label=False, elem_id="benchmark-plot")
-            b_summary = gr.Markdown(b_init[3])
-            b_table = gr.Dataframe(b_init[2], headers=plots.TABLE_HEADERS, label="Results", interactive=False,
+            b_status = gr.Markdown(b_init.status, elem_id="benchmark-status")
+            b_plot = gr.Plot(b_init.figure, label="TFLOP/s", show_label=False, elem_id="benchmark-plot")
+            b_summary = gr.Markdown(b_init.summary)
+            b_table = gr.Dataframe(b_init.table, headers=plots.TABLE_HEADERS, label="Results", interactive=False,
                                    elem_id="benchmark-table")
             with gr.Row():
-                b_csv = gr.File(b_init[4], label="CSV")
-                b_json = gr.File(b_init[5], label="JSON")
+                b_csv = gr.File(b_init.csv, label="CSV")
+                b_json = gr.File(b_init.json, label="JSON")
         with gr.Tab("Timeline", id="timeline"):
             gr.Markdown("Which SM ran each output tile, and when: `tiled` (one CTA per tile) against "
                         "`persistent` (one wave of CTAs looping over tiles), bfloat16.")
@@ -227,9 +265,10 @@ def build() -> gr.Blocks:
                 tm, tn, tk = (gr.Textbox(str(v), label=name, elem_id=f"timeline-{name.lower()}")
                               for v, name in zip(validation.DEFAULT_TIMELINE_SHAPE, "MNK"))
             run_t = gr.Button("Run timeline" + live_note, variant="primary", elem_id="run-timeline")
-            t_status = gr.Markdown(t_init[0], elem_id="timeline-status")
-            t_plot = gr.Plot(t_init[1], label="Tile timeline", show_label=False, elem_id="timeline-plot")
-            t_summary = gr.Markdown(t_init[2], elem_id="timeline-summary")
+            t_status = gr.Markdown(t_init.status, elem_id="timeline-status")
+            t_plot = gr.Plot(t_init.figure, label="Tile timeline", show_label=False, elem_id="timeline-plot")
+            t_summary = gr.Markdown(t_init.summary, elem_id="timeline-summary")
+        # In BenchmarkView's and TimelineView's field order.
         run_b.click(benchmark, [rungs, dtype, preset, custom], [b_status, b_plot, b_table, b_summary, b_csv, b_json],
                     api_name="benchmark")
         run_t.click(timeline, [tm, tn, tk], [t_status, t_plot, t_summary], api_name="timeline")

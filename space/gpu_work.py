@@ -99,6 +99,12 @@ def load_kernel():
     return _KERNEL["result"]
 
 
+def kernel_rungs() -> list[str]:
+    """The loaded kernel's rungs (its ``KERNELS``), in its order; empty when it did not load."""
+    pm, _ = load_kernel()
+    return list(pm.KERNELS) if pm is not None else []
+
+
 # --------------------------------------------------------------------------- device
 
 

@@ -14,9 +14,8 @@ from matplotlib.figure import Figure
 # Figures are built with matplotlib.figure.Figure, not pyplot: pyplot keeps every
 # figure in a global registry, which would grow with each request of a long-running app.
 
-RUNG_ORDER = ("cuBLAS", "naive", "warptiled", "tiled", "persistent", "wgmma", "wgmma_persistent")
-RUNG_COLORS = {"cuBLAS": "#555555", "naive": "#d62728", "warptiled": "#ff7f0e",
-               "tiled": "#1f77b4", "persistent": "#2ca02c", "wgmma": "#9467bd", "wgmma_persistent": "#8c564b"}
+BASELINE = "cuBLAS"  # gpu_work.CUBLAS: torch.matmul, drawn first and grey
+BASELINE_COLOR = "#555555"
 # (persistent rung, its one-CTA-per-tile twin): the summary gives their speed-up.
 PERSISTENT_PAIRS = (("persistent", "tiled"), ("wgmma_persistent", "wgmma"))
 TABLE_HEADERS = ["shape (MxNxK)", "dtype", "rung", "ms", "TFLOP/s", "x cuBLAS", "rel. error", "note"]
@@ -34,29 +33,45 @@ def _geomean(values: list[float]) -> float | None:
 # --------------------------------------------------------------------------- benchmark
 
 
-def benchmark_figure(rows: list[dict], title: str):
-    """Grouped bars of TFLOP/s per shape (categorical x) and rung, log y."""
+def rung_order(rows: list[dict], rungs: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The rungs of ``rows``: the baseline first, then those of ``rungs`` (the
+    kernel's, in its order), then any others in the order the rows have them."""
+    present = dict.fromkeys(r["rung"] for r in rows)
+    return [n for n in dict.fromkeys([BASELINE, *rungs, *present]) if n in present]
+
+
+def rung_colors(rungs: tuple[str, ...] | list[str]) -> dict[str, tuple]:
+    """A colour per rung that stays the same whatever the selection: grey for the
+    baseline, else tab10's by the rung's place in ``rungs`` (the kernel's order)."""
+    cmap = matplotlib.colormaps["tab10"]
+    return {BASELINE: BASELINE_COLOR} | {name: cmap(i % 10) for i, name in enumerate(rungs) if name != BASELINE}
+
+
+def benchmark_figure(rows: list[dict], title: str, rungs: tuple[str, ...] | list[str] = ()):
+    """Grouped bars of TFLOP/s per shape (categorical x) and rung, log y; ``rungs``
+    (the kernel's rung list) fixes their order and colours."""
     shapes = list(dict.fromkeys(shape_label(r) for r in rows))
-    rungs = [r for r in RUNG_ORDER if any(x["rung"] == r and x["tflops"] for x in rows)]
+    shown = rung_order([r for r in rows if r["tflops"]], rungs)
+    colors = rung_colors([*rungs, *(n for n in shown if n not in rungs)])
     fig = Figure(figsize=(10, 4.6), layout="constrained")
     ax = fig.subplots()
-    if not shapes or not rungs:
+    if not shapes or not shown:
         ax.text(0.5, 0.5, "no timings to plot", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         return fig
-    width = 0.8 / len(rungs)
-    for j, rung in enumerate(rungs):
+    width = 0.8 / len(shown)
+    for j, rung in enumerate(shown):
         by_shape = {shape_label(r): r["tflops"] for r in rows if r["rung"] == rung and r["tflops"]}
-        xs = [i + (j - (len(rungs) - 1) / 2) * width for i, s in enumerate(shapes) if s in by_shape]
+        xs = [i + (j - (len(shown) - 1) / 2) * width for i, s in enumerate(shapes) if s in by_shape]
         ys = [by_shape[s] for s in shapes if s in by_shape]
-        ax.bar(xs, ys, width=width, label=rung, color=RUNG_COLORS.get(rung))
+        ax.bar(xs, ys, width=width, label=rung, color=colors[rung])
     ax.set_xticks(range(len(shapes)), shapes, rotation=20, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("TFLOP/s (log scale)")
     ax.set_xlabel("shape M x N x K")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", which="both", alpha=0.3)
-    ax.legend(ncols=len(rungs), fontsize=8, loc="upper left")
+    ax.legend(ncols=len(shown), fontsize=8, loc="upper left")
     return fig
 
 
@@ -71,8 +86,9 @@ def benchmark_table(rows: list[dict]) -> list[list[str]]:
             for r in rows]
 
 
-def benchmark_summary(rows: list[dict]) -> str:
-    """Markdown: persistent over tiled per shape, and each rung's geomean ratio to cuBLAS."""
+def benchmark_summary(rows: list[dict], rungs: tuple[str, ...] | list[str] = ()) -> str:
+    """Markdown: persistent over tiled per shape, and each rung's geomean ratio to cuBLAS
+    (in the order of ``rungs``, the kernel's rung list)."""
     lines = []
     tflops = {(shape_label(r), r["rung"]): r["tflops"] for r in rows if r.get("tflops")}
     shapes = list(dict.fromkeys(shape_label(r) for r in rows))
@@ -83,7 +99,9 @@ def benchmark_summary(rows: list[dict]) -> str:
             cells = ", ".join(f"{s}: **{v:.2f}x**" for s, v in speedups)
             lines.append(f"**{persistent} / {twin}** (speed-up): {cells}; "
                          f"geomean {_geomean([v for _, v in speedups]):.2f}x")
-    for rung in RUNG_ORDER[1:]:
+    for rung in rung_order(rows, rungs):
+        if rung == BASELINE:
+            continue
         ratios = [r["ratio_vs_cublas"] for r in rows if r["rung"] == rung and r.get("ratio_vs_cublas")]
         if ratios:
             lines.append(f"**{rung}** vs cuBLAS: geomean {_geomean(ratios):.2f}x over {len(ratios)} shape(s)")

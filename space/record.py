@@ -57,7 +57,7 @@ def main() -> int:
     default = gpu_work.run_benchmark(["tiled", "persistent"], "bfloat16", validation.PRESETS[validation.DEFAULT_PRESET])
     print(f"default benchmark (tiled + persistent + cuBLAS, bf16, {validation.DEFAULT_PRESET}): "
           f"{time.monotonic() - start:.1f} s{' error: ' + default['error'] if default['error'] else ''}", flush=True)
-    rungs = list(validation.RUNG_CHOICES)
+    rungs = gpu_work.kernel_rungs()
     rows, env = [], None
     for dtype, preset in (("bfloat16", "square sweep 512..8192"), ("bfloat16", "LLM shapes"),
                           ("float16", "square sweep 512..8192"), ("float32", "square sweep 512..8192")):

@@ -17,9 +17,6 @@ MAX_TOTAL_FLOP = 1.0e13
 # The timeline runs each tensor-core rung a handful of times: one product of at most this.
 MAX_TIMELINE_FLOP = 2.0e12
 
-# wgmma and wgmma_persistent run on Hopper (compute capability 9.0) only; elsewhere
-# their rows say why they did not run.
-RUNG_CHOICES = ("naive", "warptiled", "tiled", "persistent", "wgmma", "wgmma_persistent")
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 
 PRESETS: dict[str, list[tuple[int, int, int]]] = {
@@ -79,12 +76,14 @@ def check_flop(shapes: list[tuple[int, int, int]], cap: float = MAX_TOTAL_FLOP) 
     return total
 
 
-def benchmark_request(rungs, dtype, preset, custom) -> tuple[list[str], str, list[tuple[int, int, int]]]:
-    """Checked (rungs, dtype, shapes) for a benchmark run."""
+def benchmark_request(rungs, dtype, preset, custom,
+                      rung_choices) -> tuple[list[str], str, list[tuple[int, int, int]]]:
+    """Checked (rungs, dtype, shapes) for a benchmark run; ``rung_choices`` are the
+    rungs the page offers (the loaded kernel's)."""
     rungs = list(rungs or [])
-    unknown = [r for r in rungs if r not in RUNG_CHOICES]
+    unknown = [r for r in rungs if r not in rung_choices]
     if unknown:
-        raise InputError(f"Unknown rung(s): {', '.join(map(str, unknown))}; choose from {', '.join(RUNG_CHOICES)}.")
+        raise InputError(f"Unknown rung(s): {', '.join(map(str, unknown))}; choose from {', '.join(rung_choices)}.")
     if dtype not in DTYPE_CHOICES:
         raise InputError(f"Unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}.")
     if preset not in PRESETS:

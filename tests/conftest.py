@@ -1,5 +1,5 @@
 """Shared fixtures: the repo's built variant, the kernel loaded from it, the `gpu` marker, and a
-session-wide kernelpress cache."""
+kernelpress cache for the whole test run."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ def _has_cuda() -> bool:
         return False
 
 
-_cache_before: str | None = None  # KERNELPRESS_CACHE as it was before the session
+_cache_before: str | None = None  # KERNELPRESS_CACHE as it was before pytest started
 
 
 def pytest_configure(config):
     """kernelpress's content cache (check's sm_90a summaries) in a directory of
-    this session's: shared by every test (and their child processes) that checks
-    the same build, and never the user's ~/.cache or a cache set before pytest."""
+    this test run's own: shared by every test (and their child processes) that
+    checks the same build, and never the user's ~/.cache or a cache set before pytest."""
     import tempfile
 
     global _cache_before

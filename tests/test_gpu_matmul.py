@@ -1,9 +1,10 @@
 """GPU correctness tests of persistent_matmul's ``matmul`` and ``linear``, for every rung
-that runs on the GPU at hand (today: ``naive``; later rungs are picked up automatically).
+of the build (``KERNELS``) that runs on the GPU at hand, with each dtype it takes.
 
-Protocol (DESIGN.md section 7, helpers in matmul_checks.py): random normal inputs
-compared with an fp64 product of the same rounded inputs by normwise relative error;
-small-integer inputs that must give bit-exact results; outputs poisoned with NaN first.
+Protocol (helpers in matmul_checks.py): random normal inputs compared with an fp64
+product of the same rounded inputs by normwise relative error, under bf16 1e-2, fp16
+2e-3, fp32 1e-4; small-integer inputs that must give bit-exact results; outputs
+poisoned with NaN first.
 Inputs are fresh every run: each test draws a random seed, prints it (pytest shows it
 with a failure) and names it in its assertion messages.
 

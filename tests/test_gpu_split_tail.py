@@ -51,7 +51,7 @@ def assert_tiles_are_split(pm, kernel, cluster_size, m, n, k):
 
 
 def split_tail(pm, a, b, bias, out, kernel, cluster_size):
-    return pm._matmul._run(a, b, bias, out, kernel, tile_order="split_tail", cluster_size=cluster_size)
+    return pm.matmul(a, b, kernel=kernel, out=out, bias=bias, tile_order="split_tail", cluster_size=cluster_size)
 
 
 @pytest.mark.parametrize("kernel, cluster_size", SPLIT_RUNS, ids=RUN_IDS)

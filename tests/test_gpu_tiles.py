@@ -32,6 +32,12 @@ def more_tiles_than_ctas(pm, kernel, m, n):
     assert cfg["tiles"] > cfg["persistent_ctas"], cfg
 
 
+def dynamic_order(kernel: str) -> dict:
+    """matmul's options for the dynamic order on a persistent rung: for
+    wgmma_persistent with single CTAs, since CTA pairs walk a static order."""
+    return {"tile_order": "dynamic", "cluster_size": 1 if kernel == "wgmma_persistent" else None}
+
+
 def skip_unless_runs(pm, kernel):
     info = pm.available_kernels()[kernel]
     if not info.available:
@@ -124,7 +130,7 @@ def test_dynamic_order_starts_afresh_every_call(pm, kernel):
     side.wait_stream(torch.cuda.current_stream())  # the operands and poison are written
     for i, out in enumerate(outs):
         with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
-            pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic", cluster_size=1)
+            pm.matmul(a, b, kernel=kernel, out=out, **dynamic_order(kernel))
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     for i, out in enumerate(outs):
@@ -139,15 +145,18 @@ def test_dynamic_order_in_a_cuda_graph(pm, kernel):
     skip_unless_runs(pm, kernel)
     m, n, k = 1800, 3000, 192
     more_tiles_than_ctas(pm, kernel, m, n)
-    check_graph_replays(lambda a, b, out: pm._matmul._run(a, b, None, out, kernel, tile_order="dynamic", cluster_size=1),
+    check_graph_replays(lambda a, b, out: pm.matmul(a, b, kernel=kernel, out=out, **dynamic_order(kernel)),
                         m, n, k, "wrong or missing tiles")
 
 
 def test_dynamic_order_rejects_clusters(pm):
     skip_unless_runs(pm, "wgmma_persistent")
     a, b = random_operands(256, 256, 64, torch.bfloat16, "cuda")
-    with pytest.raises(RuntimeError, match="dynamic tile order runs without clusters"):
-        pm._matmul._run(a, b, None, None, "wgmma_persistent", tile_order="dynamic", cluster_size=2)
+    with pytest.raises(ValueError, match="dynamic tile order runs without clusters"):
+        pm.matmul(a, b, kernel="wgmma_persistent", tile_order="dynamic", cluster_size=2)
+    with pytest.raises(RuntimeError, match="dynamic tile order runs without clusters"):  # the op's own check
+        pm._matmul.ops.matmul_out(a, b, None, torch.empty(256, 256, dtype=a.dtype, device="cuda"),
+                                  "wgmma_persistent", int(pm.TileOrder.DYNAMIC), 2, None)
 
 
 @pytest.mark.parametrize("kernel", ["wgmma", "wgmma_persistent"])
@@ -200,7 +209,7 @@ def test_hopper_staged_store_with_bias(pm, kernel):
         a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda", headroom=1)
         bias = exact_int_bias(n, torch.bfloat16, "cuda")
         out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
-        pm._matmul._run(a, b, bias, out, kernel)
+        pm.matmul(a, b, kernel=kernel, out=out, bias=bias)
         torch.cuda.synchronize()
         assert check_exact(out, a, b, bias) == 0, f"{kernel} {m}x{n}x{k}: wrong values"
 
@@ -227,7 +236,7 @@ def test_wgmma_persistent_stores_a_tile_during_the_next(pm, m, n, k, dtype):
         bias = exact_int_bias(n, dtype, "cuda") if with_bias else None
         buffer = poison(torch.empty(m, n + 8, dtype=dtype, device="cuda"))
         out = buffer[:, :n]
-        pm._matmul._run(a, b, bias, out, "wgmma_persistent")
+        pm.matmul(a, b, kernel="wgmma_persistent", out=out, bias=bias)
         torch.cuda.synchronize()
         assert check_exact(out, a, b, bias) == 0, f"{m}x{n}x{k} bias={with_bias}: wrong values"
         assert torch.isnan(buffer[:, n:]).all(), f"{m}x{n}x{k}: wrote outside out"
@@ -258,8 +267,8 @@ def test_wgmma_persistent_chained_calls_wait_for_each_other(pm, cluster_size, m,
     buffers = [x.clone(), poison(torch.empty(m, k, dtype=torch.bfloat16, device="cuda"))]
     ws = [signed_permutation(k) for _ in range(6)]
     for i, w in enumerate(ws):
-        pm._matmul._run(buffers[i % 2], w.to(torch.bfloat16), None, buffers[(i + 1) % 2], "wgmma_persistent",
-                        cluster_size=cluster_size)
+        pm.matmul(buffers[i % 2], w.to(torch.bfloat16), kernel="wgmma_persistent", out=buffers[(i + 1) % 2],
+                  cluster_size=cluster_size)
     expected = x.double()
     for w in ws:
         expected = expected @ w.double()
@@ -324,8 +333,11 @@ def test_wgmma_persistent_runs_pairs_by_default(pm, m, n):
 def test_wgmma_persistent_rejects_a_bad_cluster_size(pm):
     skip_unless_runs(pm, "wgmma_persistent")
     a, b = random_operands(256, 256, 64, torch.bfloat16, "cuda")
-    with pytest.raises(RuntimeError, match="cluster_size must be 0"):
-        pm._matmul._run(a, b, None, None, "wgmma_persistent", cluster_size=3)
+    with pytest.raises(ValueError, match=r"cluster_size must be None \(the kernel picks\), 1 or 2, got 3"):
+        pm.matmul(a, b, kernel="wgmma_persistent", cluster_size=3)
+    with pytest.raises(RuntimeError, match="cluster_size must be 0"):  # the op's own check
+        pm._matmul.ops.matmul_out(a, b, None, torch.empty(256, 256, dtype=a.dtype, device="cuda"),
+                                  "wgmma_persistent", -1, 3, None)
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (129, 300, 70), (384, 512, 200), (1000, 4104, 333)])
@@ -336,7 +348,7 @@ def test_wgmma_persistent_in_clusters_of_two(pm, m, n, k):
         a, b = random_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=b_kmajor)
         for cluster_size in (2, 1):
             out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
-            pm._matmul._run(a, b, None, out, "wgmma_persistent", cluster_size=cluster_size)
+            pm.matmul(a, b, kernel="wgmma_persistent", out=out, cluster_size=cluster_size)
             torch.cuda.synchronize()
             assert nan_count(out) == 0
             assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]

@@ -1,4 +1,5 @@
-"""Every way DESIGN.md §3 says the built kernel loads, each in a fresh interpreter.
+"""Every way the built kernel loads (LOCAL_KERNELS, offline from the HF cache,
+get_local_kernel, ``kernels info``) and its op schema, each in a fresh interpreter.
 
 Each child process gets its environment before it imports huggingface_hub
 (which reads HF_HUB_OFFLINE, HF_HOME and HF_HUB_CACHE at import time), prints
@@ -32,6 +33,7 @@ import pytest
 
 REPO_ID = "persistent-matmul/persistent-matmul"
 FAKE_SHA = "0123456789abcdef0123456789abcdef01234567"
+# matmul_out, the op every checked product goes through.
 SCHEMA_ARGS = ("Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, str kernel, int tile_order=-1, "
                "int cluster_size=0, Tensor(b!)? timeline=None")
 TIMEOUT = 180

@@ -232,8 +232,9 @@ def test_custom_good_shapes_reach_the_recording(client):
 # --------------------------------------------------------------------------- in-process
 
 
-def test_app_without_recorded_results(tmp_path, monkeypatch):
-    """No recorded files: the app still builds and says so instead of failing."""
+def test_app_without_recorded_results(tmp_path, monkeypatch, pm):
+    """No recorded files: the app still builds and says so instead of failing. The rungs
+    it offers are the kernel's, and each button's outputs are its view's fields in order."""
     monkeypatch.setenv("PM_RECORDED_DIR", str(tmp_path))
     monkeypatch.setenv("PM_RECORDED_ONLY", "1")
     monkeypatch.setenv("LOCAL_KERNELS", f"{REPO_ID}={REPO}")
@@ -242,11 +243,19 @@ def test_app_without_recorded_results(tmp_path, monkeypatch):
     app = importlib.import_module("app")
     try:
         assert "no recorded results yet" in app.header_markdown()
+        assert app.STATE["rungs"] == list(pm.KERNELS)
         demo = app.build()
-        assert demo is not None
-        status = app.benchmark(["tiled"], "bfloat16", "LLM shapes", "", progress=None)[0]
-        assert "No recorded benchmark yet" in status
-        assert "No timeline to show" in app.timeline("64", "64", "64")[0]
+        outputs = {fn.api_name: [block.elem_id for block in fn.outputs] for fn in demo.fns.values()}
+        assert len(outputs["benchmark"]) == len(app.BenchmarkView._fields)
+        assert outputs["benchmark"][:3] == ["benchmark-status", "benchmark-plot", "benchmark-table"]
+        assert outputs["timeline"] == ["timeline-status", "timeline-plot", "timeline-summary"]
+        assert list(app.TimelineView._fields) == ["status", "figure", "summary"]
+        view = app.benchmark(["tiled"], "bfloat16", "LLM shapes", "", progress=None)
+        assert "No recorded benchmark yet" in view.status and view.csv is None
+        assert "No timeline to show" in app.timeline("64", "64", "64").status
+        monkeypatch.setattr(app, "_warn", lambda message: f"⚠️ {message}")  # gr.Warning needs a request
+        unknown = app.benchmark(["fastest"], "bfloat16", "LLM shapes", "", progress=None).status
+        assert "Unknown rung(s): fastest; choose from " + ", ".join(pm.KERNELS) in unknown
     finally:
         sys.modules.pop("app", None)
 
@@ -299,8 +308,7 @@ def test_gpu_work_without_gpu(monkeypatch):
     info = gpu_work.device_info()
     assert info["kernel_loaded"], info["kernel"]
     assert info["gpu"] is None and info["message"] == "no CUDA device"
-    assert set(info["rungs"]) == {"naive", "warptiled", "tiled", "persistent", "wgmma", "wgmma_persistent", "splitk",
-                                  "cuBLAS"}
+    assert list(info["rungs"]) == [*gpu_work.kernel_rungs(), "cuBLAS"] and "naive" in info["rungs"]
     assert all(not r["available"] and "CUDA" in r["reason"] for r in info["rungs"].values())
     assert gpu_work.run_benchmark(["tiled"], "bfloat16", [(64, 64, 64)])["error"] == "no CUDA device"
     assert gpu_work.run_timeline(64, 64, 64)["error"] == "no CUDA device"
@@ -343,16 +351,17 @@ def test_live_handlers_with_stubbed_gpu(tmp_path, monkeypatch):
         assert status.startswith("**Live on " + PLACEHOLDER_GPU) and calls == [(["tiled", "persistent"], "bfloat16",
                                                                                 [(64, 64, 64)])]
         assert len(table) == len(bench["rows"]) and Path(csv_file).is_file() and fig is not None
-        status, fig, summary = app.timeline("640", "640", "256")
-        assert status.startswith("**Live on") and "**36 tiles**" in summary
+        view = app.timeline("640", "640", "256")
+        assert view.status.startswith("**Live on") and "**36 tiles**" in view.summary
 
         def broken(*args, **kwargs):
             raise RuntimeError("CUDA error: out of memory")
 
         monkeypatch.setattr(app.gpu_work, "run_benchmark", broken)
         monkeypatch.setattr(app, "_warn", lambda message: f"⚠️ {message}")  # gr.Warning needs a request
-        status = app.benchmark(["tiled"], "bfloat16", "LLM shapes", "", progress=None)[0]
-        assert status.startswith("⚠️ The benchmark failed: RuntimeError: CUDA error: out of memory")
+        view = app.benchmark(["tiled"], "bfloat16", "LLM shapes", "", progress=None)
+        assert view.status.startswith("⚠️ The benchmark failed: RuntimeError: CUDA error: out of memory")
+        assert view[1:] == (app.gr.skip(),) * 5  # the other outputs stay as they are
     finally:
         sys.modules.pop("app", None)
 

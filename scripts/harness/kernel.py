@@ -61,13 +61,13 @@ def load_build(folder: Path):
 def run_variant(pm, name: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """a @ b into out through a rung ("persistent") or a variant of one, as the
     benchmark and profile scripts name them: "<rung>-<tile order>" (any of the
-    package's TILE_ORDERS, for a persistent rung) or "wgmma_persistent-cluster1" /
+    package's TileOrder names, for a persistent rung) or "wgmma_persistent-cluster1" /
     "wgmma_persistent-cluster2" (single CTAs / CTA pairs, whatever the kernel would pick)."""
     rung, _, variant = name.partition("-")
     if not variant:
         return pm.matmul(a, b, kernel=rung, out=out)
     if variant in CLUSTER_SIZES:
-        return pm._matmul._run(a, b, None, out, rung, cluster_size=CLUSTER_SIZES[variant])
-    if variant in pm._matmul.TILE_ORDERS:
-        return pm._matmul._run(a, b, None, out, rung, tile_order=variant)
+        return pm.matmul(a, b, kernel=rung, out=out, cluster_size=CLUSTER_SIZES[variant])
+    if variant in {str(order) for order in pm.TileOrder}:
+        return pm.matmul(a, b, kernel=rung, out=out, tile_order=variant)
     raise ValueError(f"unknown variant {variant!r} in {name!r}")

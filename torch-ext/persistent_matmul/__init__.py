@@ -6,6 +6,8 @@
 >>> c = pm.matmul(a, b, kernel="naive")      # a named rung
 >>> y = pm.linear(x, weight, bias)           # x @ weight.T + bias
 >>> pm.available_kernels()                   # what runs here, and why not the rest
+>>> c = pm.matmul(a, b, kernel="wgmma_persistent",  # a persistent rung's options
+...               tile_order=pm.TileOrder.HILBERT, cluster_size=1)
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from . import layers
 from ._compile import linear
 from ._matmul import TIMELINE_COLUMNS, matmul, matmul_timeline, tile_config
-from ._rungs import RUNGS, KernelAvailability, availability
+from ._rungs import RUNGS, KernelAvailability, TileOrder, availability
 
 KERNELS = tuple(RUNGS)
 
@@ -32,6 +34,7 @@ __all__ = [
     "KERNELS",
     "KernelAvailability",
     "TIMELINE_COLUMNS",
+    "TileOrder",
     "available_kernels",
     "layers",
     "linear",

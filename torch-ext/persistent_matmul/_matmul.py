@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ._ops import ops
-from ._rungs import AUTO_ORDER, RUNGS, Rung, availability
+from ._rungs import AUTO_ORDER, DEFAULT_TILE_ORDER, RUNGS, Rung, TileOrder, availability, tile_order_of
 from ._validate import check_cuda, check_out, check_same_dtype, check_tensor
 
 
@@ -43,40 +43,26 @@ def _check_kernel_name(kernel) -> None:
     raise ValueError(f"unknown kernel {kernel!r}; choose one of: {choices}")
 
 
-# Tile orders of the persistent rungs' scheduler (csrc/tile_scheduler.cuh):
-# static grouped or Hilbert, the grouped order claimed at run time from a
-# counter ("dynamic"), or "split_tail": the dynamic order (grouped for CTA
-# pairs) with the tiles of the last, ragged round split in K into parts that
-# run at once on the SMs that round would leave idle, the parts passing partial
-# sums to each tile's last part through a workspace kept per stream. Where it
-# would split nothing (whole waves, a grid that holds every tile, K under 8
-# k-blocks, the 64x64 tiles, the instrumented build) it runs as the dynamic
-# order (pairs: grouped), which the binding runs as grouped where a grid holds
-# every tile. split_tail is the default (benchmarks/NOTES.md, "Why split
-# tail"): on the H200 it ran 3000^3 1.18x / 1.16x and 4097^3 1.09x / 1.03x
-# faster than the dynamic / grouped orders (persistent / wgmma_persistent) and
-# every other benchmark shape within their noise.
-TILE_ORDERS = {"grouped": 0, "hilbert": 1, "dynamic": 2, "split_tail": 3}
-DEFAULT_TILE_ORDER = "split_tail"
-
-
-def explain_matmul(a, b, bias, out, kernel, names: tuple[str, str] = ("a", "b")) -> None:
+def explain_matmul(a, b, bias, out, kernel) -> None:
     """Raise the exception that names what is wrong with these arguments of a product
     a (M x K) @ b (K x N) (+ bias) into out, if anything is; return if they are fine.
 
-    ``names`` are the caller's names for a and b. Checks run in a fixed order: the
-    arguments themselves, then dtypes and ``out``, then devices, then whether the
-    kernel runs there.
+    Checks run in a fixed order: the arguments themselves, then dtypes and
+    ``out``, then devices, then whether the kernel runs there.
     """
-    check_tensor(a, names[0], 2)
-    check_tensor(b, names[1], 2)
+    check_tensor(a, "a", 2)
+    check_tensor(b, "b", 2)
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"inner dimensions differ: {names[0]} is {a.shape[0]}x{a.shape[1]} and "
-                         f"{names[1]} is {b.shape[0]}x{b.shape[1]}")
-    _check_kernel_name(kernel)
-    named = {names[0]: a, names[1]: b}
+        raise ValueError(f"inner dimensions differ: a is {a.shape[0]}x{a.shape[1]} and "
+                         f"b is {b.shape[0]}x{b.shape[1]}")
+    named = {"a": a, "b": b}
     if bias is not None:
+        check_tensor(bias, "bias", 1)
+        if bias.shape[0] != b.shape[1]:
+            raise ValueError(f"bias has {bias.shape[0]} elements but the product has {b.shape[1]} columns "
+                             f"(b is {b.shape[0]}x{b.shape[1]})")
         named["bias"] = bias
+    _check_kernel_name(kernel)
     dtype = check_same_dtype(named)
     if out is not None:
         check_out(out, (a.shape[0], b.shape[1]), dtype, named)
@@ -84,53 +70,98 @@ def explain_matmul(a, b, bias, out, kernel, names: tuple[str, str] = ("a", "b"))
     _resolve_rung(kernel, dtype, device)
 
 
-def _run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
-         kernel: str, names: tuple[str, str] = ("a", "b"), timeline: torch.Tensor | None = None,
-         tile_order: str | None = None, cluster_size: int | None = None) -> torch.Tensor:
-    """a (M x K) @ b (K x N) (+ bias) into out (a new tensor if None), with the
-    persistent rungs' options: the checked path benchmarks and tests use.
+def _rungs_that(flag: str) -> str:
+    """The names of the rungs whose Rung field ``flag`` is set, for error messages."""
+    return ", ".join(n for n, r in RUNGS.items() if getattr(r, flag))
 
-    ``names`` are the caller's names for a and b, used in error messages.
-    ``cluster_size`` is wgmma_persistent's: None (the kernel picks: CTA pairs
-    wherever the output has more than one row of tiles), 1 (no clusters) or 2
-    (CTA pairs share B by TMA multicast); other rungs ignore it. ``tile_order``
-    None is DEFAULT_TILE_ORDER; pairs of CTAs walk a static order, so where the
-    kernel picks pairs, the dynamic order runs as grouped and the split-tail
-    order splits a static one (forcing cluster_size 2 with the dynamic order is
-    an error). ``timeline``: see matmul_timeline.
-    """
-    explain_matmul(a, b, bias, out, kernel, names)
-    if tile_order is not None and tile_order not in TILE_ORDERS:
-        raise ValueError(f"unknown tile_order {tile_order!r}; choose one of: {', '.join(TILE_ORDERS)}")
-    if out is None:
-        out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    ops.matmul_out(a, b, bias, out, kernel, TILE_ORDERS[tile_order or DEFAULT_TILE_ORDER], cluster_size or 0,
-                   timeline)
-    return out
+
+def _order_code(tile_order) -> int:
+    """The op's tile_order int: the TileOrder's, or -1 (the op's default, split tail) for None."""
+    return -1 if tile_order is None else int(tile_order_of(tile_order))
+
+
+def _option_codes(kernel, tile_order, cluster_size) -> tuple[int, int]:
+    """The matmul_out op's ``tile_order`` and ``cluster_size`` ints for matmul's
+    options (-1 and 0 where None: the op's defaults); raises naming the option and
+    what it may be. A named rung must take the options it is given; "auto" takes
+    both, and the rung it picks uses those it takes."""
+    _check_kernel_name(kernel)
+    rung = RUNGS.get(kernel)
+    order = _order_code(tile_order)
+    if tile_order is not None and rung is not None and not rung.takes_tile_order:
+        raise ValueError(f"kernel {kernel!r} takes no tile_order; the rungs that do: "
+                         f"{_rungs_that('takes_tile_order')}")
+    if cluster_size is None:
+        return order, 0
+    if isinstance(cluster_size, bool) or not isinstance(cluster_size, int):
+        raise TypeError(f"cluster_size must be None, 1 or 2, got {type(cluster_size).__name__}")
+    if cluster_size not in (1, 2):
+        raise ValueError(f"cluster_size must be None (the kernel picks), 1 or 2, got {cluster_size}")
+    if rung is not None and not rung.takes_cluster_size:
+        raise ValueError(f"kernel {kernel!r} takes no cluster_size; the rungs that do: "
+                         f"{_rungs_that('takes_cluster_size')}")
+    if cluster_size == 2 and order == TileOrder.DYNAMIC:
+        raise ValueError("the dynamic tile order runs without clusters: pass cluster_size=1, "
+                         "or None to let the kernel pick")
+    return order, cluster_size
+
+
+def _matmul_out(a, b, bias, out, kernel: str, order: int, clusters: int,
+                timeline: torch.Tensor | None = None) -> torch.Tensor:
+    """The matmul_out op into ``out`` (a new tensor if None); when the op raises,
+    the exception that names the bad argument."""
+    try:
+        result = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device) if out is None else out
+        _matmul_out_op(a, b, bias, result, kernel, order, clusters, timeline)
+        return result
+    except Exception:
+        explain_matmul(a, b, bias, out, kernel)
+        raise
 
 
 _matmul_op = ops.matmul.default
 _matmul_out_op = ops.matmul_out.default
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto",
-           out: torch.Tensor | None = None) -> torch.Tensor:
-    """``a @ b`` for 2-D CUDA tensors of one dtype (float32, float16 or bfloat16).
+def matmul(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto", out: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None, tile_order: TileOrder | str | None = None,
+           cluster_size: int | None = None) -> torch.Tensor:
+    """``a @ b`` (``+ bias``) for 2-D CUDA tensors of one dtype (float32, float16
+    or bfloat16).
 
     Accumulates in fp32 and returns a tensor of the inputs' dtype (``out`` if
     given). Any strides are accepted. ``kernel`` names a rung (see
     ``available_kernels()``) or is ``"auto"``, the best rung for the device,
-    the dtype and the shape (README, "What kernel="auto" runs"). Raises
-    TypeError/ValueError/RuntimeError naming the bad argument for bad input.
+    the dtype and the shape (README, "What kernel="auto" runs").
+
+    ``bias`` (N elements, the inputs' dtype) is added in fp32 before the
+    result is rounded. The persistent rungs' options, where None lets the
+    kernel choose:
+
+    - ``tile_order``: a ``TileOrder`` or its name ("grouped", "hilbert",
+      "dynamic", "split_tail"); None is split tail. Taken by ``persistent``
+      and ``wgmma_persistent``.
+    - ``cluster_size``: 1 (single CTAs) or 2 (CTA pairs that share B by TMA
+      multicast); None picks pairs wherever the output has more than one row
+      of tiles. Taken by ``wgmma_persistent``. Pairs walk a static order, so
+      with pairs the dynamic order runs as grouped, and cluster_size=2 with
+      the dynamic order is an error.
+
+    With ``kernel="auto"`` the options apply when the rung it picks takes
+    them. Raises TypeError/ValueError/RuntimeError naming the bad argument
+    for bad input, including an option the named rung does not take.
     """
-    try:
-        if out is None:
-            return _matmul_op(a, b, kernel)
-        _matmul_out_op(a, b, None, out, kernel)
-        return out
-    except Exception:
-        explain_matmul(a, b, None, out, kernel)
-        raise
+    if bias is None and tile_order is None and cluster_size is None:
+        try:
+            if out is None:
+                return _matmul_op(a, b, kernel)
+            _matmul_out_op(a, b, None, out, kernel)
+            return out
+        except Exception:
+            explain_matmul(a, b, None, out, kernel)
+            raise
+    order, clusters = _option_codes(kernel, tile_order, cluster_size)
+    return _matmul_out(a, b, bias, out, kernel, order, clusters)
 
 
 def check_linear_args(x, weight, bias, kernel) -> None:
@@ -171,8 +202,7 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
     """
     _check_kernel_name(kernel)
     if kernel == "auto" or not RUNGS[kernel].has_timeline:
-        names = ", ".join(n for n, r in RUNGS.items() if r.has_timeline)
-        raise ValueError(f"kernel {kernel!r} has no tile configuration; choose one of: {names}")
+        raise ValueError(f"kernel {kernel!r} has no tile configuration; choose one of: {_rungs_that('has_timeline')}")
     if device is None:
         index = torch.cuda.current_device()
     elif isinstance(device, int):
@@ -188,15 +218,17 @@ TIMELINE_COLUMNS = ("tile_m", "tile_n", "sm", "cta", "start_ns", "end_ns")
 
 
 def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persistent",
-                    tile_order: str = DEFAULT_TILE_ORDER) -> tuple[torch.Tensor, torch.Tensor]:
+                    tile_order: TileOrder | str | None = DEFAULT_TILE_ORDER) -> tuple[torch.Tensor, torch.Tensor]:
     """``a @ b`` through the instrumented build of a tensor-core rung.
 
-    ``tile_order`` ("grouped", "hilbert", "dynamic" or "split_tail") is the
-    persistent rungs' tile order; the one-CTA-per-tile rungs always run in
-    grouped order. "dynamic" runs as grouped where it would assign the same
-    tiles (a grid that holds every tile) and for wgmma_persistent's CTA pairs,
-    which walk a static order; "split_tail" runs as "dynamic" here (the
-    instrumented build records whole tiles).
+    ``tile_order`` (a ``TileOrder`` or its name: "grouped", "hilbert", "dynamic"
+    or "split_tail"; None is split tail) is the persistent rungs' tile order;
+    the one-CTA-per-tile rungs always run in grouped order, and
+    wgmma_persistent runs with the cluster size it picks. "dynamic" runs as
+    grouped where it would assign the same tiles (a grid that holds every
+    tile) and for wgmma_persistent's CTA pairs, which walk a static order;
+    "split_tail" runs as "dynamic" here (the instrumented build records whole
+    tiles).
 
     Returns (out, timeline): timeline is int64 [tiles, 6], one row per output
     tile with the columns of TIMELINE_COLUMNS, read from %smid and
@@ -207,19 +239,16 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
     check_tensor(b, "b", 2)
     _check_kernel_name(kernel)
     if kernel not in RUNGS or not RUNGS[kernel].has_timeline:
-        names = ", ".join(n for n, r in RUNGS.items() if r.has_timeline)
-        raise ValueError(f"kernel {kernel!r} has no instrumented build; choose one of: {names}")
+        raise ValueError(f"kernel {kernel!r} has no instrumented build; choose one of: {_rungs_that('has_timeline')}")
     if a.shape[1] != b.shape[0]:
         raise ValueError(
             f"inner dimensions differ: a is {a.shape[0]}x{a.shape[1]} and b is {b.shape[0]}x{b.shape[1]}"
         )
-    if tile_order not in TILE_ORDERS:
-        raise ValueError(f"unknown tile_order {tile_order!r}; choose one of: {', '.join(TILE_ORDERS)}")
+    order = _order_code(tile_order)
     if min(a.shape[0], a.shape[1], b.shape[1]) == 0:
         raise ValueError(f"matmul_timeline needs M, N and K >= 1, got a {tuple(a.shape)} and b {tuple(b.shape)}")
     device = check_cuda({"a": a, "b": b})
     rung = _resolve_rung(kernel, a.dtype, device)  # before tile_config: names a device that lacks the rung
     tiles = tile_config(a.shape[0], b.shape[1], device, kernel=rung.name)["tiles"]
     timeline = torch.full((tiles, len(TIMELINE_COLUMNS)), -1, dtype=torch.int64, device=device)
-    out = _run(a, b, None, None, kernel, timeline=timeline, tile_order=tile_order)
-    return out, timeline
+    return _matmul_out(a, b, None, None, kernel, order, 0, timeline), timeline

@@ -1,7 +1,9 @@
-"""The kernel rungs this build provides, and which of them run on the current device."""
+"""The kernel rungs this build provides, which of them run on the current device, and the
+tile orders of the persistent rungs."""
 
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass
 
@@ -27,6 +29,8 @@ class Rung:
     has_timeline: bool = False
     # Whether the op takes a tile order (the persistent rungs' scheduler).
     takes_tile_order: bool = False
+    # Whether the op takes a cluster size (CTA pairs sharing B by TMA multicast).
+    takes_cluster_size: bool = False
     # Whether the tile configuration is the Hopper rungs' (tile_config(..., hopper=True)).
     hopper_tiles: bool = False
 
@@ -91,6 +95,7 @@ RUNGS: dict[str, Rung] = {
             chunk_elements=8,
             has_timeline=True,
             takes_tile_order=True,
+            takes_cluster_size=True,
             hopper_tiles=True,
         ),
         Rung(
@@ -110,6 +115,68 @@ RUNGS: dict[str, Rung] = {
 # call in the op entry (torch-ext/rungs.h, choose_auto), by device, dtype and
 # shape: splitk for skinny products, else the first of these that runs.
 AUTO_ORDER = ("wgmma_persistent", "wgmma", "persistent", "tiled", "warptiled", "naive")
+
+
+class TileOrder(enum.IntEnum):
+    """The order in which the persistent rungs' CTAs walk the output tiles
+    (csrc/tile_scheduler.cuh). The values are the ints the ``matmul_out`` op
+    takes; ``str()`` of a member is its name in lower case, and
+    ``TileOrder("hilbert")`` looks a member up by that name.
+
+    - ``GROUPED``: static; groups of 8 tile rows walked column by column, so
+      tiles that run at the same time share rows of A and columns of B in L2.
+    - ``HILBERT``: static; along a Hilbert curve over the smallest power-of-two
+      square that covers the tile grid, skipping cells outside it.
+    - ``DYNAMIC``: the grouped order handed out at run time: after its first
+      tile, a CTA claims the next unclaimed tile from a counter, so CTAs that
+      run ahead take more tiles.
+    - ``SPLIT_TAIL`` (the default): the dynamic order (grouped for CTA pairs),
+      with the tiles of the last, ragged round split in K into parts that run
+      at once on the SMs that round would leave idle; the parts pass partial
+      sums to each tile's last part through a workspace kept per stream.
+
+    Where split tail would split nothing (whole waves, a grid that holds every
+    tile, K under 8 k-blocks, the 64x64 tiles, the instrumented build) it runs
+    as the dynamic order, and the dynamic order runs as grouped where a grid
+    holds every tile or CTA pairs walk the tiles (pairs walk a static order).
+    Split tail is the default because on the H200 it ran 3000^3 1.18x / 1.16x
+    and 4097^3 1.09x / 1.03x faster than the dynamic / grouped orders
+    (persistent / wgmma_persistent) and every other benchmark shape within
+    their noise (benchmarks/NOTES.md, "Why split tail").
+    """
+
+    GROUPED = 0
+    HILBERT = 1
+    DYNAMIC = 2
+    SPLIT_TAIL = 3
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def _missing_(cls, value):
+        # TileOrder("split_tail"): the lower-case names the functions take.
+        if isinstance(value, str) and value.islower():
+            return cls.__members__.get(value.upper())
+        return None
+
+
+DEFAULT_TILE_ORDER = TileOrder.SPLIT_TAIL
+_TILE_ORDER_NAMES = ", ".join(map(str, TileOrder))
+
+
+def tile_order_of(value) -> TileOrder:
+    """The TileOrder ``value`` is or names; raises ValueError naming the orders for an
+    unknown name and TypeError for anything but a TileOrder or a str."""
+    if isinstance(value, TileOrder):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"tile_order must be a TileOrder or one of its names ({_TILE_ORDER_NAMES}), "
+                        f"got {type(value).__name__}")
+    try:
+        return TileOrder(value)
+    except ValueError:
+        raise ValueError(f"unknown tile_order {value!r}; choose one of: {_TILE_ORDER_NAMES}") from None
 
 
 @dataclass(frozen=True)
