@@ -439,18 +439,11 @@ cudaError_t launch_bulk(const MatmulProblem& p, cudaStream_t stream, int device)
   return cudaGetLastError();
 }
 
-inline int compute_major(int device) {
-  static int cache[128] = {};
-  if (device < 0 || device >= 128) return 0;
-  if (cache[device] == 0) cudaDeviceGetAttribute(&cache[device], cudaDevAttrComputeCapabilityMajor, device);
-  return cache[device];
-}
-
 template <typename T>
 cudaError_t launch_for_tokens(const MatmulProblem& p, cudaStream_t stream) {
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
-  if (compute_major(device) >= 9 && p.m <= kBulkMaxTokens) {
+  if (tc::cached_device_attribute<cudaDevAttrComputeCapabilityMajor, 0>(device) >= 9 && p.m <= kBulkMaxTokens) {
     return launch_bulk<T, 1, 6>(p, stream, device);
   }
   if (p.m <= 8) return launch_typed<T, 1, 4>(p, stream);

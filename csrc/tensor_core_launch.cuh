@@ -25,18 +25,21 @@ using HugeTile = TileShape<128, 256, 64, 2, 4, 3, 1>;
 using LargeTile = TileShape<128, 128, 64, 2, 2, 3, 2>;
 using SmallTile = TileShape<64, 64, 64, 2, 2, 4, 3>;
 
-inline int sm_count(int device) {
+// A device attribute, asked of the runtime once per device (each query costs
+// host time on every launch otherwise); `fallback` for a device index out of
+// the table's range.
+template <cudaDeviceAttr kAttribute, int kFallback>
+inline int cached_device_attribute(int device) {
   static int cache[128] = {};
-  if (device < 0 || device >= 128) return 1;
-  if (cache[device] == 0) cudaDeviceGetAttribute(&cache[device], cudaDevAttrMultiProcessorCount, device);
+  if (device < 0 || device >= 128) return kFallback;
+  if (cache[device] == 0) cudaDeviceGetAttribute(&cache[device], kAttribute, device);
   return cache[device];
 }
 
+inline int sm_count(int device) { return cached_device_attribute<cudaDevAttrMultiProcessorCount, 1>(device); }
+
 inline int max_smem_per_block(int device) {
-  static int cache[128] = {};
-  if (device < 0 || device >= 128) return 0;
-  if (cache[device] == 0) cudaDeviceGetAttribute(&cache[device], cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  return cache[device];
+  return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin, 0>(device);
 }
 
 enum class TileChoice { kHuge, kLarge, kSmall };

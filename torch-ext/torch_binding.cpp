@@ -269,6 +269,11 @@ char* stream_scratch(int32_t device, cudaStream_t stream, int sms) {
   return scratch;
 }
 
+// The tile orders' ints (csrc/tile_scheduler.cuh, TileOrder) that the op entry names.
+constexpr int32_t kGrouped = 0;
+constexpr int32_t kDynamic = 2;
+constexpr int32_t kSplitTail = 3;
+
 // Points the dynamic and split-tail orders at their scratch memory: the
 // stream's, or while the stream is being captured into a CUDA graph, a fresh
 // zeroed one from torch's allocator (cudaMalloc may not run during capture,
@@ -276,7 +281,7 @@ char* stream_scratch(int32_t device, cudaStream_t stream, int sms) {
 // graph). That tensor is returned: it must outlive the launch call.
 std::optional<Tensor> attach_scratch(MatmulProblem& problem, const Tensor& like, int32_t device, cudaStream_t stream,
                                      int sms) {
-  if (problem.tile_order != 2 && problem.tile_order != 3) return std::nullopt;
+  if (problem.tile_order != kDynamic && problem.tile_order != kSplitTail) return std::nullopt;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   STD_TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess,
                   "persistent_matmul: could not query the stream's capture status");
@@ -300,9 +305,9 @@ using TileConfigOf = persistent_matmul::TileConfig (*)(int64_t m, int64_t n, int
 // and whose workspace lookup is then pure cost.
 int32_t order_worth_running(int32_t tile_order, const MatmulProblem& problem, int32_t device,
                             TileConfigOf tile_config_of) {
-  if (tile_order != 2 && tile_order != 3) return tile_order;
+  if (tile_order != kDynamic && tile_order != kSplitTail) return tile_order;
   const auto cfg = tile_config_of(problem.m, problem.n, device);
-  return cfg.tiles <= cfg.persistent_ctas ? 0 : tile_order;
+  return cfg.tiles <= cfg.persistent_ctas ? kGrouped : tile_order;
 }
 
 // ------------------------------------------------------------------ the product
@@ -314,7 +319,6 @@ struct Options {
   const std::optional<Tensor>* timeline = nullptr;
 };
 
-constexpr int32_t kSplitTail = 3;
 
 void check_timeline(MatmulProblem& problem, const Tensor& t, int32_t device, TileConfigOf tile_config_of) {
   STD_TORCH_CHECK(t.is_cuda() && t.get_device_index() == device, "persistent_matmul: timeline must be on cuda:",
@@ -403,14 +407,14 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
     }
     case Rung::kWgmmaPersistent: {
       int32_t order = opt.tile_order < 0 ? kSplitTail : int32_t(opt.tile_order);
-      STD_TORCH_CHECK(opt.cluster_size != 2 || order != 2,
+      STD_TORCH_CHECK(opt.cluster_size != 2 || order != kDynamic,
                       "persistent_matmul: the dynamic tile order runs without clusters (cluster_size=1, or 0 to let "
                       "the kernel pick)");
       p.cluster_size = opt.cluster_size == 0 ? persistent_matmul::wgmma_cluster_size_for(m)
                                              : static_cast<int32_t>(opt.cluster_size);
       // Pairs walk a static order: where the kernel picks them, the dynamic
       // order runs as grouped, and no counter is looked up.
-      if (p.cluster_size == 2 && order == 2) order = 0;
+      if (p.cluster_size == 2 && order == kDynamic) order = kGrouped;
       p.tile_order = order_worth_running(order, p, device, tile_config_of);
       scratch = attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_wgmma_persistent(p, stream);
