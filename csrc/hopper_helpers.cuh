@@ -68,6 +68,20 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// Position in a ring of shared-memory stages (a `full` and an `empty` mbarrier
+// each); the phase bit flips on every wrap.
+template <int STAGES>
+struct RingPosition {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ void advance() {
+    if (++stage == STAGES) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 // One box of a 2-D tensor map into shared memory; completes on `bar`.
 // Coordinates are in elements, innermost first; parts of the box outside the
 // tensor are filled with zeros.
@@ -235,6 +249,15 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t lead
   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
+// The 16, 8 and 4 accumulator registers of m64n32k16, m64n16k16 and m64n8k16
+// (the stream-K rung's narrow token tiles).
+#define PM_WGMMA_ACC_LIST_16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define PM_WGMMA_ACC_OPERANDS_16 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define PM_WGMMA_ACC_LIST_8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define PM_WGMMA_ACC_OPERANDS_8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define PM_WGMMA_ACC_LIST_4 "{%0, %1, %2, %3}"
+#define PM_WGMMA_ACC_OPERANDS_4 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+
 // d (+)= A(64 x 16, K-major, from desc_a) * B(16 x N, from desc_b); fp32
 // accumulators in the m64nNk16 fragment layout. scale_d == 0 overwrites d.
 // TRANS_B = 0: B is K-major in shared memory; 1: N-major.
@@ -268,6 +291,9 @@ struct Wgmma;
 PM_WGMMA_WIDTH(256, 128, "128", "129", "130", "131")
 PM_WGMMA_WIDTH(128, 64, "64", "65", "66", "67")
 PM_WGMMA_WIDTH(64, 32, "32", "33", "34", "35")
+PM_WGMMA_WIDTH(32, 16, "16", "17", "18", "19")
+PM_WGMMA_WIDTH(16, 8, "8", "9", "10", "11")
+PM_WGMMA_WIDTH(8, 4, "4", "5", "6", "7")
 
 #undef PM_WGMMA_WIDTH
 #undef PM_WGMMA

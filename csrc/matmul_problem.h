@@ -52,6 +52,16 @@ struct MatmulProblem {
 constexpr int64_t kSplitPartialBytesPerSm = 128 * 256 * 4;
 constexpr int64_t kSplitFlagsPerSlot = 2;
 constexpr int64_t kSplitFlagsPerSm = 8 * kSplitFlagsPerSlot;
+// `wgmma_streamk` shares that workspace (the same `partials` and
+// `partial_flags`): one CTA an SM, whose stretch of work holds parts of at
+// most two tiles, so two slots of up to 128 x 256 floats per SM and a
+// counter per slot and consumer warpgroup (zero at launch; the launch leaves
+// them zero).
+constexpr int64_t kStreamKPartialBytesPerSm = 2 * 128 * 256 * 4;
+static_assert(2 * 2 <= kSplitFlagsPerSm, "wgmma_streamk's counters share the split-tail flags");
+// The partial-sum bytes per SM the workspace holds: enough for either rung.
+constexpr int64_t kPartialBytesPerSm =
+    kSplitPartialBytesPerSm > kStreamKPartialBytesPerSm ? kSplitPartialBytesPerSm : kStreamKPartialBytesPerSm;
 // Whether `ctas` CTAs with BM x BN tiles fit the workspace of `sms` SMs.
 inline bool split_workspace_fits(int64_t ctas, int64_t bm, int64_t bn, int64_t sms) {
   return ctas * bm * bn * 4 <= sms * kSplitPartialBytesPerSm && ctas * kSplitFlagsPerSlot <= sms * kSplitFlagsPerSm;
@@ -92,6 +102,11 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int device);
 // (splitk_operands_ok says whether they are).
 cudaError_t launch_splitk(const MatmulProblem& problem, cudaStream_t stream);
 bool splitk_operands_ok(const MatmulProblem& problem);
+// Rung 8, Hopper only (sm_90a): skinny products on TMA + wgmma, the weights
+// as wgmma's A operand, the work cut evenly over the SMs (stream-K). Same
+// operand rules as splitk (splitk_operands_ok); needs the workspace
+// (`partials`, `partial_flags`, zero flags).
+cudaError_t launch_wgmma_streamk(const MatmulProblem& problem, cudaStream_t stream);
 
 // The rows of every wgmma tile (wgmma_launch.cuh checks it).
 constexpr int64_t kWgmmaTileRows = 128;

@@ -130,19 +130,6 @@ struct UnitRole {
   int64_t slot, stride;
 };
 
-// Position in the ring of stages; the phase bit flips on every wrap.
-template <int STAGES>
-struct RingPosition {
-  int stage = 0;
-  uint32_t phase = 0;
-  __device__ void advance() {
-    if (++stage == STAGES) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
-
 // The tile stream of `wgmma`: tile blockIdx.x of the grouped order, once.
 class OneTilePerCta {
  public:

@@ -19,7 +19,7 @@ def readme_auto_rows(repo_root):
     rows = []
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 8 and re.fullmatch(r"\d+\.\d+", cells[1]):
+        if len(cells) == 9 and re.fullmatch(r"\d+\.\d+", cells[1]):
             rows.append(cells)
     return rows
 
@@ -28,37 +28,59 @@ def test_readme_table_is_what_the_op_entry_chooses(pm, repo_root):
     rows = readme_auto_rows(repo_root)
     assert len(rows) >= 8, "the README's auto table was not found"
     choose = pm._matmul.ops.choose_kernel
-    for gpu, capability, sms, dtype, m, n, layout, rung in rows:
+    for gpu, capability, sms, dtype, m, n, k, layout, rung in rows:
         major, minor = (int(x) for x in capability.split("."))
-        got = choose(major, minor, int(sms), DTYPES[dtype], int(m), int(n), layout == "K-major")
-        assert got == rung.strip("`").split(":")[0], f"{gpu} {dtype} {m}x{n} {layout}: the op entry runs {got}, README says {rung}"
+        got = choose(major, minor, int(sms), DTYPES[dtype], int(m), int(n), int(k), layout == "K-major")
+        assert got == rung.strip("`").split(":")[0], \
+            f"{gpu} {dtype} {m}x{n}x{k} {layout}: the op entry runs {got}, README says {rung}"
 
 
 @pytest.mark.parametrize("sms", [60, 108, 132, 188])
 def test_splitk_from_1024_weight_rows(pm, sms):
     """splitk is chosen up to its token limit and from N = 1024 on (64 CTAs of 16 weight
     rows), for K-major weights only, whatever the SM count (a 60-SM slice, an RTX Pro
-    6000's 188)."""
+    6000's 188), where wgmma_streamk is not."""
     choose = pm._matmul.ops.choose_kernel
-    assert choose(9, 0, sms, torch.bfloat16, 1, 1024, True) == "splitk"
-    assert choose(9, 0, sms, torch.bfloat16, 32, 1024, True) == "splitk"
-    assert choose(9, 0, sms, torch.bfloat16, 33, 1024, True) == "wgmma_persistent"
-    assert choose(9, 0, sms, torch.bfloat16, 1, 1023, True) == "wgmma_persistent"
-    assert choose(9, 0, sms, torch.bfloat16, 1, 1024, False) == "wgmma_persistent"
-    assert choose(8, 0, sms, torch.float16, 1, 1024, True) == "splitk"
-    assert choose(8, 0, sms, torch.float16, 1, 1023, True) == "persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 1024, 4096, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 32, 1024, 4096, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 33, 1024, 4096, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 1023, 4096, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 1024, 4096, False) == "wgmma_persistent"
+    assert choose(8, 0, sms, torch.float16, 1, 1024, 4096, True) == "splitk"
+    assert choose(8, 0, sms, torch.float16, 1, 1023, 4096, True) == "persistent"
+
+
+@pytest.mark.parametrize("sms", [60, 132])
+def test_streamk_for_large_weights_and_long_rows_on_hopper_only(pm, sms):
+    """wgmma_streamk up to 32 tokens from 80 M weight elements on, and up to 64 tokens
+    from 14336-element weight rows on; K-major weights, fp16/bf16, compute capability
+    9.0 only (its sm_90a code); splitk or the tile rungs elsewhere."""
+    choose = pm._matmul.ops.choose_kernel
+    big = (10000, 8000)  # exactly 80 M elements
+    assert choose(9, 0, sms, torch.bfloat16, 32, *big, True) == "wgmma_streamk"
+    assert choose(9, 0, sms, torch.float16, 1, *big, True) == "wgmma_streamk"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 10000, 7999, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 33, *big, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 1, *big, False) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.float32, 1, *big, True) == "warptiled"
+    assert choose(9, 0, sms, torch.bfloat16, 64, 4096, 14336, True) == "wgmma_streamk"
+    assert choose(9, 0, sms, torch.bfloat16, 64, 64, 14336, True) == "wgmma_streamk"
+    assert choose(9, 0, sms, torch.bfloat16, 65, 4096, 14336, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 64, 4096, 14335, True) == "wgmma_persistent"
+    for major, minor in ((8, 0), (10, 0), (12, 0)):
+        assert choose(major, minor, sms, torch.bfloat16, 1, *big, True) == "splitk"
 
 
 def test_fp32_and_old_gpus(pm):
     choose = pm._matmul.ops.choose_kernel
-    assert choose(9, 0, 132, torch.float32, 1, 1 << 20, True) == "warptiled"
-    assert choose(7, 5, 40, torch.float32, 64, 64, True) == "none"
-    assert choose(7, 5, 40, torch.bfloat16, 64, 64, True) == "none"
+    assert choose(9, 0, 132, torch.float32, 1, 1 << 20, 4096, True) == "warptiled"
+    assert choose(7, 5, 40, torch.float32, 64, 64, 64, True) == "none"
+    assert choose(7, 5, 40, torch.bfloat16, 64, 64, 64, True) == "none"
 
 
 def test_choose_kernel_rejects_other_dtypes(pm):
     with pytest.raises(RuntimeError, match="choose_kernel takes float32, float16 or bfloat16"):
-        pm._matmul.ops.choose_kernel(9, 0, 132, torch.float64, 1, 1, True)
+        pm._matmul.ops.choose_kernel(9, 0, 132, torch.float64, 1, 1, 1, True)
 
 
 def test_cpp_and_python_list_the_same_rungs(pm, repo_root):

@@ -12,10 +12,10 @@
 
 namespace persistent_matmul {
 
-enum class Rung : int32_t { kNaive, kWarptiled, kTiled, kPersistent, kWgmma, kWgmmaPersistent, kSplitk };
+enum class Rung : int32_t { kNaive, kWarptiled, kTiled, kPersistent, kWgmma, kWgmmaPersistent, kSplitk, kWgmmaStreamk };
 
 inline constexpr std::string_view kRungNames[] = {"naive", "warptiled", "tiled", "persistent",
-                                                  "wgmma", "wgmma_persistent", "splitk"};
+                                                  "wgmma", "wgmma_persistent", "splitk", "wgmma_streamk"};
 
 inline std::string_view rung_name(Rung r) { return kRungNames[static_cast<int32_t>(r)]; }
 
@@ -35,7 +35,7 @@ struct DeviceFacts {
 // The portable rungs have machine code for 8.0 and newer (and PTX); the
 // Hopper rungs for sm_90a only, which runs on compute capability 9.0 alone.
 inline bool rung_runs_on(Rung r, const DeviceFacts& d) {
-  if (r == Rung::kWgmma || r == Rung::kWgmmaPersistent) return d.major == 9 && d.minor == 0;
+  if (r == Rung::kWgmma || r == Rung::kWgmmaPersistent || r == Rung::kWgmmaStreamk) return d.major == 9 && d.minor == 0;
   return d.major >= 8;
 }
 
@@ -67,12 +67,32 @@ inline int rung_chunk_elements(Rung r) {
 constexpr int64_t kSplitkAutoTokens = 32;
 constexpr int64_t kSplitkAutoMinRows = 1024;
 
-// kernel="auto": splitk for skinny products with K-major weights, then the
-// fastest tile rung the GPU runs (wgmma_persistent on Hopper, persistent
-// elsewhere), warptiled for fp32, naive where nothing else runs.
-inline std::optional<Rung> choose_auto(const DeviceFacts& d, ElementType t, int64_t m, int64_t n, bool b_kmajor) {
-  if (t != ElementType::kFloat32 && m <= kSplitkAutoTokens && b_kmajor && n >= kSplitkAutoMinRows &&
-      rung_runs_on(Rung::kSplitk, d)) {
+// On Hopper, wgmma_streamk instead, where its fixed cost (~6 us a call more
+// than cuBLAS's) is small beside the weights' stream: up to 32 tokens from
+// 80 M weight elements (160 MB of bf16) on, and up to 64 tokens against weight
+// rows of 14336 elements or more, where wgmma_persistent's tiles leave SMs
+// idle. H100, CUDA graphs, the Llama-3 projections (benchmarks/NOTES.md, "Why
+// a stream-K rung for decode on Hopper"): 1-6% ahead of splitk from 168 MB
+// (70B qkv) on and 3-10% behind it at 117-134 MB (8B down, 70B o); at 64
+// tokens 1.21x / 1.10x wgmma_persistent's speed at K = 14336 / 28672 and
+// 0.97-0.99x at K = 8192.
+constexpr int64_t kStreamkAutoMinWeights = 80 * 1000 * 1000;
+constexpr int64_t kStreamkAutoLongK = 14336;
+constexpr int64_t kStreamkAutoLongKTokens = 64;
+
+// kernel="auto": the skinny-product rungs for few tokens against K-major
+// weights (wgmma_streamk or splitk), then the fastest tile rung the GPU runs
+// (wgmma_persistent on Hopper, persistent elsewhere), warptiled for fp32,
+// naive where nothing else runs.
+inline std::optional<Rung> choose_auto(const DeviceFacts& d, ElementType t, int64_t m, int64_t n, int64_t k,
+                                       bool b_kmajor) {
+  const bool half = t != ElementType::kFloat32;
+  if (half && b_kmajor && rung_runs_on(Rung::kWgmmaStreamk, d) &&
+      ((m <= kSplitkAutoTokens && n * k >= kStreamkAutoMinWeights) ||
+       (m <= kStreamkAutoLongKTokens && k >= kStreamkAutoLongK))) {
+    return Rung::kWgmmaStreamk;
+  }
+  if (half && m <= kSplitkAutoTokens && b_kmajor && n >= kSplitkAutoMinRows && rung_runs_on(Rung::kSplitk, d)) {
     return Rung::kSplitk;
   }
   for (Rung r : {Rung::kWgmmaPersistent, Rung::kPersistent, Rung::kWarptiled, Rung::kNaive}) {

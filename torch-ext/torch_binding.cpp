@@ -171,7 +171,7 @@ Tensor padded_copy(const Tensor& like, const View& v, bool rows_contiguous, int 
 
 // a and b as a rung that reads 16-byte chunks takes them, copying only what it
 // cannot read: a transposed A, a leading dimension like 4097, an odd offset.
-// `need_kmajor` asks for a K-major B (splitk reads weight rows).
+// `need_kmajor` asks for a K-major B (splitk and wgmma_streamk read weight rows).
 struct Prepared {
   View a, b;
   std::optional<Tensor> a_copy, b_copy;  // must outlive the launch
@@ -229,29 +229,30 @@ bool internal_overlap(const Tensor& t) {
 
 // ------------------------------------------------------------------ scratch memory of the tile orders
 
-// The persistent rungs' scratch memory for one launch: the dynamic and
-// split-tail orders' tile counter (a uint32, in the first 16 bytes), then the
-// split-tail order's workspace (matmul_problem.h: the partial-sum slots of
-// the device's SMs, then their flags). Zero at launch where it matters: each
-// launch leaves the counter and the flags zero again (claim_tile_index,
-// wait_and_clear_flag).
+// The scratch memory of one launch of the persistent and stream-K rungs: the
+// dynamic and split-tail orders' tile counter (a uint32, in the first 16
+// bytes), the flags of the split-tail order and the counters of wgmma_streamk
+// (per SM of the device), then their partial-sum slots (matmul_problem.h).
+// The counter and the flags are zero at launch, and each launch leaves them
+// zero again (claim_tile_index, wait_and_clear_flag, wgmma_streamk's last
+// part); the partial sums are written before they are read, so they need no
+// fill.
 constexpr int64_t kCounterBytes = 16;
 
-int64_t scratch_bytes(int sms) {
-  return kCounterBytes + sms * (persistent_matmul::kSplitPartialBytesPerSm + persistent_matmul::kSplitFlagsPerSm * 4);
-}
+int64_t zeroed_bytes(int sms) { return kCounterBytes + sms * persistent_matmul::kSplitFlagsPerSm * 4; }
+
+int64_t scratch_bytes(int sms) { return zeroed_bytes(sms) + sms * persistent_matmul::kPartialBytesPerSm; }
 
 void point_at_scratch(MatmulProblem& problem, char* scratch, int sms) {
   problem.tile_counter = reinterpret_cast<uint32_t*>(scratch);
-  problem.partials = reinterpret_cast<float*>(scratch + kCounterBytes);
-  problem.partial_flags =
-      reinterpret_cast<uint32_t*>(scratch + kCounterBytes + sms * persistent_matmul::kSplitPartialBytesPerSm);
+  problem.partial_flags = reinterpret_cast<uint32_t*>(scratch + kCounterBytes);
+  problem.partials = reinterpret_cast<float*>(scratch + zeroed_bytes(sms));
 }
 
-// The scratch memory for launches on `stream`: allocated and zeroed on first
-// use and kept for the process. Launches on one stream run one after another,
-// so they never share it at the same time; a call costs a lookup, not an
-// allocation and a fill.
+// The scratch memory for launches on `stream`: allocated, its counters zeroed,
+// on first use and kept for the process. Launches on one stream run one after
+// another, so they never share it at the same time; a call costs a lookup,
+// not an allocation and a fill.
 char* stream_scratch(int32_t device, cudaStream_t stream, int sms) {
   static std::mutex mutex;
   static std::map<std::pair<int32_t, cudaStream_t>, char*> scratches;
@@ -261,7 +262,7 @@ char* stream_scratch(int32_t device, cudaStream_t stream, int sms) {
     void* memory = nullptr;
     const int64_t bytes = scratch_bytes(sms);
     const cudaError_t err = cudaMalloc(&memory, bytes);
-    STD_TORCH_CHECK(err == cudaSuccess && cudaMemsetAsync(memory, 0, bytes, stream) == cudaSuccess,
+    STD_TORCH_CHECK(err == cudaSuccess && cudaMemsetAsync(memory, 0, zeroed_bytes(sms), stream) == cudaSuccess,
                     "persistent_matmul: could not allocate the tile orders' scratch memory (", bytes, " bytes): ",
                     cudaGetErrorString(err == cudaSuccess ? cudaGetLastError() : err));
     scratch = static_cast<char*>(memory);
@@ -274,14 +275,13 @@ constexpr int32_t kGrouped = 0;
 constexpr int32_t kDynamic = 2;
 constexpr int32_t kSplitTail = 3;
 
-// Points the dynamic and split-tail orders at their scratch memory: the
-// stream's, or while the stream is being captured into a CUDA graph, a fresh
-// zeroed one from torch's allocator (cudaMalloc may not run during capture,
-// and the graph may be replayed on any stream; the zero-fill is part of the
+// Points a launch at its scratch memory: the stream's, or while the stream is
+// being captured into a CUDA graph, a fresh one from torch's allocator with
+// its counters zeroed (cudaMalloc may not run during capture, and the graph
+// may be replayed on any stream; the zero-fill, a few KB, is part of the
 // graph). That tensor is returned: it must outlive the launch call.
 std::optional<Tensor> attach_scratch(MatmulProblem& problem, const Tensor& like, int32_t device, cudaStream_t stream,
                                      int sms) {
-  if (problem.tile_order != kDynamic && problem.tile_order != kSplitTail) return std::nullopt;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   STD_TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess,
                   "persistent_matmul: could not query the stream's capture status");
@@ -289,10 +289,15 @@ std::optional<Tensor> attach_scratch(MatmulProblem& problem, const Tensor& like,
     point_at_scratch(problem, stream_scratch(device, stream, sms), sms);
     return std::nullopt;
   }
-  Tensor scratch = torch::stable::new_zeros(like, {scratch_bytes(sms)}, ScalarType::Byte);
+  Tensor scratch = torch::stable::new_empty(like, {scratch_bytes(sms)}, ScalarType::Byte);
+  Tensor counters = torch::stable::narrow(scratch, 0, 0, zeroed_bytes(sms));
+  torch::stable::zero_(counters);
   point_at_scratch(problem, static_cast<char*>(scratch.data_ptr()), sms);
   return scratch;
 }
+
+// Whether a persistent rung's tile order reads the scratch memory.
+bool takes_scratch(int32_t tile_order) { return tile_order == kDynamic || tile_order == kSplitTail; }
 
 using TileConfigOf = persistent_matmul::TileConfig (*)(int64_t m, int64_t n, int device);
 
@@ -305,7 +310,7 @@ using TileConfigOf = persistent_matmul::TileConfig (*)(int64_t m, int64_t n, int
 // and whose workspace lookup is then pure cost.
 int32_t order_worth_running(int32_t tile_order, const MatmulProblem& problem, int32_t device,
                             TileConfigOf tile_config_of) {
-  if (tile_order != kDynamic && tile_order != kSplitTail) return tile_order;
+  if (!takes_scratch(tile_order)) return tile_order;
   const auto cfg = tile_config_of(problem.m, problem.n, device);
   return cfg.tiles <= cfg.persistent_ctas ? kGrouped : tile_order;
 }
@@ -349,14 +354,15 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
   } else {
     const int chunk = 8;
     const bool kmajor = aligned16(b.data) && b_kmajor(b, chunk);
-    const auto chosen = persistent_matmul::choose_auto(facts, dtype, m, n, kmajor);
+    const auto chosen = persistent_matmul::choose_auto(facts, dtype, m, n, k, kmajor);
     STD_TORCH_CHECK(chosen.has_value(), "persistent_matmul: no kernel runs on cuda:", device,
                     " (compute capability ", facts.major, ".", facts.minor, "; 8.0 or newer is needed)");
     rung = *chosen;
   }
 
   const int chunk = persistent_matmul::rung_chunk_elements(rung);
-  Prepared ops = chunk ? prepare_operands(like, a, b, chunk, rung == Rung::kSplitk) : Prepared{a, b, {}, {}};
+  const bool weights_kmajor = rung == Rung::kSplitk || rung == Rung::kWgmmaStreamk;  // they read weight rows
+  Prepared ops = chunk ? prepare_operands(like, a, b, chunk, weights_kmajor) : Prepared{a, b, {}, {}};
 
   MatmulProblem p;
   p.m = m;
@@ -398,10 +404,14 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
     case Rung::kTiled: err = persistent_matmul::launch_tiled(p, stream); break;
     case Rung::kWgmma: err = persistent_matmul::launch_wgmma(p, stream); break;
     case Rung::kSplitk: err = persistent_matmul::launch_splitk(p, stream); break;
+    case Rung::kWgmmaStreamk:
+      scratch = attach_scratch(p, like, device, stream, facts.sms);
+      err = persistent_matmul::launch_wgmma_streamk(p, stream);
+      break;
     case Rung::kPersistent: {
       const int32_t order = opt.tile_order < 0 ? kSplitTail : int32_t(opt.tile_order);
       p.tile_order = order_worth_running(order, p, device, tile_config_of);
-      scratch = attach_scratch(p, like, device, stream, facts.sms);
+      if (takes_scratch(p.tile_order)) scratch = attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_persistent(p, stream);
       break;
     }
@@ -416,7 +426,7 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
       // order runs as grouped, and no counter is looked up.
       if (p.cluster_size == 2 && order == kDynamic) order = kGrouped;
       p.tile_order = order_worth_running(order, p, device, tile_config_of);
-      scratch = attach_scratch(p, like, device, stream, facts.sms);
+      if (takes_scratch(p.tile_order)) scratch = attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_wgmma_persistent(p, stream);
       break;
     }
@@ -560,11 +570,11 @@ void matmul_out_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>
 }
 
 std::string choose_kernel_op(int64_t major, int64_t minor, int64_t sms, ScalarType dtype, int64_t m, int64_t n,
-                          bool b_kmajor) {
+                             int64_t k, bool b_kmajor) {
   const auto t = element_type_of(dtype);
   STD_TORCH_CHECK(t.has_value(), "persistent_matmul: choose_kernel takes float32, float16 or bfloat16");
   const DeviceFacts facts{int(major), int(minor), int(sms)};
-  const auto rung = persistent_matmul::choose_auto(facts, *t, m, n, b_kmajor);
+  const auto rung = persistent_matmul::choose_auto(facts, *t, m, n, k, b_kmajor);
   return rung.has_value() ? std::string(persistent_matmul::rung_name(*rung)) : std::string("none");
 }
 
@@ -598,7 +608,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "matmul_out(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, str kernel, int tile_order=-1, "
       "int cluster_size=0, Tensor(b!)? timeline=None) -> ()");
-  ops.def("choose_kernel(int major, int minor, int sms, ScalarType dtype, int m, int n, bool b_kmajor) -> str");
+  ops.def("choose_kernel(int major, int minor, int sms, ScalarType dtype, int m, int n, int k, bool b_kmajor) -> str");
   ops.def("operands_for(Tensor a, Tensor b, int chunk, bool need_kmajor) -> (Tensor, Tensor)");
   ops.def("tile_config(int m, int n, int device, bool hopper=False) -> int[]");
 }

@@ -27,10 +27,10 @@ void matmul_out_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>
                    std::string kernel, int64_t tile_order, int64_t cluster_size, const std::optional<Tensor>& timeline);
 
 // The rung kernel="auto" runs on a GPU of compute capability major.minor with
-// `sms` SMs, for an m x n output of `dtype` (b_kmajor: B is K-major); "none" if
-// no rung runs there.
+// `sms` SMs, for an m x n output of `dtype` summed over k (b_kmajor: B is
+// K-major); "none" if no rung runs there.
 std::string choose_kernel_op(int64_t major, int64_t minor, int64_t sms, torch::headeronly::ScalarType dtype,
-                             int64_t m, int64_t n, bool b_kmajor);
+                             int64_t m, int64_t n, int64_t k, bool b_kmajor);
 // a and b as a rung reading `chunk`-element (16-byte) chunks takes them: the
 // inputs themselves, or padded copies (need_kmajor: B copied K-major).
 std::tuple<Tensor, Tensor> operands_for_op(const Tensor& a, const Tensor& b, int64_t chunk, bool need_kmajor);

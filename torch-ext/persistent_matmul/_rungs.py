@@ -107,13 +107,22 @@ RUNGS: dict[str, Rung] = {
                     "CTA, K split over its 8 warps, weights streamed into registers",
             chunk_elements=8,
         ),
+        Rung(
+            name="wgmma_streamk",
+            dtypes=HALF_DTYPES,
+            min_capability=(9, 0),
+            exact_capability=(9, 0),
+            summary="Hopper skinny products: the weights as wgmma's A operand, TMA-streamed through a ring of "
+                    "stages, the (tile, k-block) work cut into one equal stretch per SM (stream-K)",
+            chunk_elements=8,
+        ),
     )
 }
 
 # The rungs `kernel="auto"` may fall back on for a dtype, best first: when none
 # of them runs, the error lists why for each. The choice itself is made per
 # call in the op entry (torch-ext/rungs.h, choose_auto), by device, dtype and
-# shape: splitk for skinny products, else the first of these that runs.
+# shape: wgmma_streamk or splitk for skinny products, else the first of these that runs.
 AUTO_ORDER = ("wgmma_persistent", "wgmma", "persistent", "tiled", "warptiled", "naive")
 
 

@@ -1,5 +1,5 @@
-"""GPU tests of the splitk rung (skinny products), of the C++ op entry's checks, and
-of every op inside CUDA graphs.
+"""GPU tests of the skinny-product rungs (splitk, and wgmma_streamk on Hopper), of the C++
+op entry's checks, and of every op inside CUDA graphs.
 
 Run with ``python -m pytest -m gpu tests`` on a machine with a CUDA GPU.
 """
@@ -32,40 +32,50 @@ def runs(pm, kernel):
         pytest.skip(f"{kernel}: {info.reason}")
 
 
-# M across one token group (8), two (16), the 32- and 64-token blocks and the loop over
-# blocks past 64; N across the 16-row CTA; K across a 64-element k-step, 8 warps' worth
-# (512: every warp one step) and long K with a tail.
-SPLITK_M = [1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 200]
-SPLITK_NK = [(1, 1), (15, 63), (16, 64), (17, 65), (48, 511), (33, 512), (130, 4104), (4096, 14336)]
+# The rungs for skinny products (decode shapes), both reading K-major weight rows.
+SKINNY = ["splitk", "wgmma_streamk"]
+
+# splitk: M across one token group (8), two (16), the 32- and 64-token blocks and the loop
+# over blocks past 64; N across the 16-row CTA; K across a 64-element k-step, 8 warps'
+# worth (512: every warp one step) and long K with a tail.
+# wgmma_streamk: M across every token-tile width (8 ... 256) and several token tiles
+# (257, 300); N across the 128-row tile; work that is less than one k-block per SM
+# (1 x 1), whole tiles only (20000 x 64: 157 tiles of one k-block), stretches that
+# cut tiles (20000 x 192, 4096 x 14336: 32 tiles of 224 k-blocks for 132 SMs).
+SPLITK_M = [1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 200, 256, 257, 300]
+SPLITK_NK = [(1, 1), (15, 63), (16, 64), (17, 65), (48, 511), (33, 512), (130, 4104), (20000, 64), (20000, 192),
+             (4096, 14336)]
 
 
+@pytest.mark.parametrize("kernel", SKINNY)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_splitk_small_integers_with_bias_bit_exact(pm, gen, dtype):
-    """linear through splitk on small-integer operands: every output exact, bias added once."""
-    runs(pm, "splitk")
+def test_skinny_small_integers_with_bias_bit_exact(pm, gen, dtype, kernel):
+    """linear on small-integer operands: every output exact, bias added once."""
+    runs(pm, kernel)
     failures = []
     for m in SPLITK_M:
         for n, k in SPLITK_NK:
             x, w_t = exact_int_operands(m, n, k, dtype, DEVICE, b_transposed=True, generator=gen, headroom=1)
             bias = exact_int_bias(n, dtype, DEVICE, generator=gen)
-            y = pm.linear(x, w_t.t(), bias, kernel="splitk")
+            y = pm.linear(x, w_t.t(), bias, kernel=kernel)
             bad = check_exact(y, x, w_t, bias)
             if bad:
                 failures.append(f"m={m} n={n} k={k}: {bad} of {m * n} elements differ")
     assert not failures, f"{failures} (seed {gen.initial_seed()})"
 
 
+@pytest.mark.parametrize("kernel", SKINNY)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_splitk_decode_set_within_tolerance(pm, gen, dtype):
+def test_skinny_decode_set_within_tolerance(pm, gen, dtype, kernel):
     """Every projection of the real-model shape set at M = 1, 16, 64 and 256: normwise
     error under the bound against fp64, every element written (matmul into a poisoned out)."""
-    runs(pm, "splitk")
+    runs(pm, kernel)
     failures = []
     for name, (n, k) in MODEL_PROJECTIONS.items():
         for m in (1, 16, 64, 256):
             a, b = random_operands(m, n, k, dtype, DEVICE, b_transposed=True, generator=gen)
             out = poison(torch.empty(m, n, dtype=dtype, device=DEVICE))
-            pm.matmul(a, b, kernel="splitk", out=out)
+            pm.matmul(a, b, kernel=kernel, out=out)
             err, nans = matmul_error(out, a, b), nan_count(out)
             if nans or not err < TOLERANCE[dtype]:
                 failures.append(f"{name} m={m}: rel error {err:.3g}, {nans} NaN")
@@ -73,32 +83,51 @@ def test_splitk_decode_set_within_tolerance(pm, gen, dtype):
     assert not failures, f"{failures} (seed {gen.initial_seed()})"
 
 
-def test_splitk_takes_any_layout(pm, gen):
+@pytest.mark.parametrize("kernel", SKINNY)
+def test_skinny_takes_any_layout(pm, gen, kernel):
     """Row-major b (copied K-major), transposed a, strided x with leading dims that do not
     collapse into one stride, an out with steps: all exact."""
-    runs(pm, "splitk")
+    runs(pm, kernel)
     a, b = exact_int_operands(24, 300, 700, torch.bfloat16, DEVICE, a_transposed=True, generator=gen)
     buffer = poison(torch.empty(50, 900, dtype=torch.bfloat16, device=DEVICE))
     out = buffer[1::2, ::3][:24, :300]
-    pm.matmul(a, b, kernel="splitk", out=out)
+    pm.matmul(a, b, kernel=kernel, out=out)
     assert check_exact(out, a, b) == 0
     x, w_t = exact_int_operands(12, 64, 256, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
     x3 = torch.empty(3, 8, 256, dtype=torch.bfloat16, device=DEVICE)[:, ::2]  # (3, 4, 256), rows 2 apart
     x3.copy_(x.reshape(3, 4, 256))
-    y = pm.linear(x3, w_t.t(), kernel="splitk")
+    y = pm.linear(x3, w_t.t(), kernel=kernel)
     assert y.shape == (3, 4, 64) and check_exact(y.reshape(12, 64), x, w_t) == 0
 
 
-def test_auto_takes_splitk_where_choose_kernel_says(pm, gen):
-    """kernel="auto" runs what the op entry's choice names: splitk's result bit for bit
-    (deterministic) at a decode shape, the tile rung's where splitk is not chosen."""
+def test_streamk_is_deterministic_and_leaves_its_counters_zero(pm, gen):
+    """The same product twice, and after products of other shapes on the same stream (whose
+    tiles use the same counters and slots): bit for bit the same result. A counter left
+    non-zero, or a part added twice or not at all, would change it."""
+    runs(pm, "wgmma_streamk")
+    a, b = random_operands(16, 4096, 14336, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
+    first = pm.matmul(a, b, kernel="wgmma_streamk")
+    for m, n, k in [(1, 6144, 4096), (200, 4096, 4104), (64, 20000, 192)]:
+        x, w = random_operands(m, n, k, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
+        pm.matmul(x, w, kernel="wgmma_streamk")
+    assert torch.equal(pm.matmul(a, b, kernel="wgmma_streamk"), first)
+    assert matmul_error(first, a, b) < TOLERANCE[torch.bfloat16]
+
+
+def test_auto_takes_the_skinny_rungs_where_choose_kernel_says(pm, gen):
+    """kernel="auto" runs what the op entry's choice names: the skinny rung's result bit
+    for bit (deterministic) at decode shapes, the tile rung's where no skinny rung is chosen."""
     props = torch.cuda.get_device_properties(0)
     choose = pm._matmul.ops.choose_kernel
-    for m, n, k in [(4, 8192, 1024), (16, 8192, 1024), (32, 8192, 1024), (64, 8192, 1024), (300, 8192, 1024)]:
-        rung = choose(props.major, props.minor, props.multi_processor_count, torch.bfloat16, m, n, True)
+    hopper = (props.major, props.minor) == (9, 0)
+    for m, n, k in [(4, 8192, 1024), (16, 8192, 1024), (32, 8192, 1024), (64, 8192, 1024), (300, 8192, 1024),
+                    (8, 20000, 4096), (48, 1024, 14336)]:
+        rung = choose(props.major, props.minor, props.multi_processor_count, torch.bfloat16, m, n, k, True)
         a, b = random_operands(m, n, k, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
         assert torch.equal(pm.matmul(a, b), pm.matmul(a, b, kernel=rung)), (m, n, k, rung)
-        assert (rung == "splitk") == (m <= 32), (m, rung)
+        streamk = hopper and ((m <= 32 and n * k >= 80_000_000) or (m <= 64 and k >= 14336))
+        assert (rung == "wgmma_streamk") == streamk, (m, n, k, rung)
+        assert (rung == "splitk") == (m <= 32 and not streamk), (m, n, k, rung)
 
 
 # --------------------------------------------------------------------------- the op entry's own checks
@@ -160,7 +189,8 @@ def test_layer_falls_back_to_torch_for_what_the_op_does_not_take(pm):
 # --------------------------------------------------------------------------- CUDA graphs
 
 
-@pytest.mark.parametrize("kernel", ["naive", "tiled", "persistent", "wgmma", "wgmma_persistent", "splitk", "auto"])
+@pytest.mark.parametrize("kernel", ["naive", "tiled", "persistent", "wgmma", "wgmma_persistent", "splitk",
+                                    "wgmma_streamk", "auto"])
 @pytest.mark.parametrize("shape", [(16, 4224, 512), (1000, 3000, 320)], ids=["decode", "ragged"])
 def test_every_rung_replays_in_a_cuda_graph(pm, kernel, shape):
     """matmul captured into a CUDA graph (the split-tail workspace of the persistent rungs

@@ -1,0 +1,350 @@
+// Rung 8 — wgmma_streamk (Hopper, sm_90a): skinny products (decode shapes) on
+// TMA + wgmma, with the work cut evenly over the SMs (stream-K).
+//
+// Over `splitk` (mma.sync, every CTA 16 weight rows and all of K) this rung
+// * keeps the swap of A and B: the weights (B, stored K-major as nn.Linear
+//   keeps them) are wgmma's A operand, 64 weight rows per consumer warpgroup
+//   and 128 per tile, and the tokens its B operand, a tile as wide as the
+//   narrowest wgmma (8, 16, 32, 64, 128 or 256 columns) that holds all M of
+//   them: one token costs m64n8k16 wgmmas, not a 128-row tile of padding;
+// * loads both by TMA: one thread of a producer warp fills a ring of
+//   shared-memory stages (32 KB of weights each, 2 to 5 of them) that the
+//   consumers free as soon as their wgmmas have read them, so every SM keeps
+//   up to 160 KB of weights in flight;
+// * cuts the work, the (tile, stage of K) pairs tile after tile, into one
+//   stretch of equal length per SM (stream-K), so every SM streams the same
+//   number of weight bytes whatever the number of tiles (a 4096-row
+//   projection has 32 tiles for 132 SMs, a 28672-row one 224). A tile whose
+//   k-blocks fall into several stretches is finished by whichever of their
+//   CTAs gets there last: each writes its fp32 partial sums to a workspace
+//   slot and counts itself in on the tile's counter; the last one adds every
+//   part in CTA order (so the result does not depend on who is last), adds
+//   the bias and stores the tile. No CTA ever waits for another.
+// Each launch is a programmatic dependent launch, as wgmma_persistent's: its
+// CTAs set up while the kernel before them finishes.
+//
+// Operands: A (the tokens, M x K) K-contiguous, B K-major (N rows of K),
+// leading dims multiples of 8 elements, 16-byte aligned data (what TMA needs
+// of a base and a row stride); bf16 or fp16. TMA fills what a box holds past
+// M, N or K with zeros, so any M, N, K >= 1 is computed exactly.
+#include <type_traits>
+
+#include "hopper_helpers.cuh"
+#include "matmul_problem.h"
+#include "tensor_core_launch.cuh"  // operand layout checks, sm_count, TypeTag, allow_dynamic_smem
+
+namespace persistent_matmul {
+namespace {
+
+constexpr int kTileRows = 128;  // weight rows per tile: two consumer warpgroups of 64
+constexpr int kBlockK = 64;     // K per TMA box: 128-byte rows, the width of the 128-byte swizzle
+constexpr int kConsumers = 2;
+constexpr int kConsumerThreads = 128 * kConsumers;
+constexpr int kThreads = kConsumerThreads + 32;  // the consumers, then the producer warp
+
+// A tile of 128 weight rows x BT tokens; a stage holds two k-boxes of 64, a
+// k-block of 128 (one work item of the stream-K cut): [k-box][128 weight
+// rows][128 bytes], then [k-box][BT token rows][128 bytes], each box in TMA's
+// 128-byte swizzle; as many stages as fit ~200 KB of shared memory. (On the
+// H100, 1, 2 or 4 k-boxes a stage, and weight boxes of 8, 64 or 128 rows, ran
+// within 5% of each other at 1 to 64 tokens; two k-boxes were at the front or
+// within 2%.)
+template <int BT>
+struct StreamKShape {
+  static constexpr int KB = 2;        // k-boxes per stage
+  static constexpr int BK = 64 * KB;  // K per stage: a k-block
+  static constexpr int WEIGHT_BOX_BYTES = kTileRows * 64 * 2;
+  static constexpr int TOKEN_BOX_BYTES = BT * 64 * 2;
+  static constexpr int WEIGHT_STAGE_BYTES = KB * WEIGHT_BOX_BYTES;
+  static constexpr int STAGE_BYTES = KB * (WEIGHT_BOX_BYTES + TOKEN_BOX_BYTES);
+  static constexpr int STAGES = (200 * 1024) / STAGE_BYTES;
+  static constexpr int ACCUMULATORS = BT / 2;  // fp32 registers per consumer thread
+  // 1024 bytes to align the stages for the 128-byte swizzle, the stages, the
+  // full and empty barriers, and one int per consumer (who finishes a tile).
+  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8 + 4 * kConsumers;
+  static_assert(STAGE_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
+  static_assert(STAGES >= 2, "a ring of at least two stages");
+  static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
+  static_assert(2 * kTileRows * BT * 4 <= kStreamKPartialBytesPerSm, "two partial-sum slots per SM");
+};
+
+// The stream-K cut: `total` work items (k-blocks of tiles, tile after tile,
+// `k_blocks` per tile) in `ctas` stretches; stretch c is [start(c), start(c + 1)).
+struct StreamK {
+  int64_t k_blocks, total;
+  int ctas;
+  __device__ int64_t start(int c) const { return total * c / ctas; }
+  // The CTA whose stretch holds work item w.
+  __device__ int owner(int64_t w) const {
+    int c = int(w * ctas / total);
+    while (c + 1 < ctas && start(c + 1) <= w) ++c;
+    while (start(c) > w) --c;
+    return c;
+  }
+  // The workspace slot of CTA c's part of tile u. Only the first and the last
+  // tile of a stretch can be parts (the ones between are whole): two slots a CTA.
+  __device__ int64_t slot(int c, int64_t u) const { return 2 * int64_t(c) + (start(c) / k_blocks == u ? 0 : 1); }
+};
+
+// A stretch's piece of one tile: k-blocks [kb_begin, kb_end) of tile `tile`.
+struct Segment {
+  int64_t tile;
+  int kb_begin, kb_end;
+};
+
+// This CTA's stretch, one tile's piece at a time (the producer and the
+// consumers each walk their own copy).
+class Stretch {
+ public:
+  __device__ explicit Stretch(const StreamK& sk) : sk_(sk), w_(sk.start(blockIdx.x)), end_(sk.start(blockIdx.x + 1)) {}
+  __device__ bool next(Segment& s) {
+    if (w_ >= end_) return false;
+    s.tile = w_ / sk_.k_blocks;
+    s.kb_begin = int(w_ % sk_.k_blocks);
+    s.kb_end = int(min_i64(sk_.k_blocks, s.kb_begin + (end_ - w_)));
+    w_ += s.kb_end - s.kb_begin;
+    return true;
+  }
+
+ private:
+  StreamK sk_;
+  int64_t w_, end_;
+};
+
+// One consumer's 64 x BT results (+ bias) to the output: weight row n (the
+// fragment's row) is output column n, token m (its column) output row m.
+// Fragment layout of m64nNk16: thread t of the warpgroup holds, for each
+// 8-column block j, rows 16 (t / 32) + (t % 32) / 4 (+ 8) and columns
+// 8j + 2 (t % 4) (+ 1).
+template <typename T, int BT>
+__device__ __forceinline__ void store_results(const MatmulProblem& p, int64_t n0, int64_t m0, const float (&d)[BT / 2]) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  T* out = static_cast<T*>(p.out);
+  const T* bias = static_cast<const T*>(p.bias);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t n = n0 + warp * 16 + lane / 4 + 8 * half;
+    if (n >= p.n) continue;
+    const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < BT / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t m = m0 + 8 * j + 2 * (lane % 4) + e;
+        if (m < p.m) out[m * p.out_stride_m + n * p.out_stride_n] = from_float<T>(d[j * 4 + half * 2 + e] + b);
+      }
+    }
+  }
+}
+
+// One consumer's half of a partial-sum slot: its 64 x BT floats as float4s,
+// thread-minor (coalesced), read and written through L2 only.
+template <int BT>
+__device__ __forceinline__ float4* partial_of(const MatmulProblem& p, int64_t slot, int consumer) {
+  return reinterpret_cast<float4*>(p.partials + (slot * kTileRows + consumer * 64) * BT) + threadIdx.x % 128;
+}
+
+// At most 168 registers a thread: the 9 warps spread over the SM's four
+// register files of 16384, three warps on one.
+template <typename T, int BT>
+__global__ void __launch_bounds__(kThreads, 1)
+    wgmma_streamk_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
+                         const MatmulProblem p) {
+  using Shape = StreamKShape<BT>;
+  extern __shared__ char smem_raw[];
+  char* stages = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(stages + Shape::STAGES * Shape::STAGE_BYTES);
+  uint64_t* empty = full + Shape::STAGES;
+  int* finisher = reinterpret_cast<int*>(empty + Shape::STAGES);  // per consumer: the tile's first CTA, or -1
+
+  const int64_t token_tiles = ceil_div(p.m, BT);
+  const int64_t k_blocks = ceil_div(p.k, Shape::BK);
+  StreamK sk{k_blocks, ceil_div(p.n, kTileRows) * token_tiles * k_blocks, int(gridDim.x)};
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Shape::STAGES; ++s) {
+      hopper::mbarrier_init(&full[s], 1);
+      hopper::mbarrier_init(&empty[s], kConsumers);
+    }
+    hopper::fence_barrier_init();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the producer warp's other lanes leave
+
+  if (threadIdx.x >= kConsumerThreads) {  // the producer warp: one thread issues every load
+    if (threadIdx.x != kConsumerThreads) return;
+    // The kernel before this one in the stream may still run: wait for it
+    // before the first access to global memory (every other access follows
+    // a load issued here).
+    hopper::wait_for_prior_grids();
+    hopper::RingPosition<Shape::STAGES> ring;
+    Stretch stretch(sk);
+    Segment seg;
+    while (stretch.next(seg)) {
+      const int weight_row = int(seg.tile / token_tiles) * kTileRows;
+      const int token_row = int(seg.tile % token_tiles) * BT;
+      for (int kb = seg.kb_begin; kb < seg.kb_end; ++kb) {
+        hopper::mbarrier_wait(&empty[ring.stage], ring.phase ^ 1);  // a fresh barrier passes parity 1
+        char* stage = stages + ring.stage * Shape::STAGE_BYTES;
+        uint64_t* bar = &full[ring.stage];
+        hopper::mbarrier_arrive_expect_tx(bar, Shape::STAGE_BYTES);
+        for (int j = 0; j < Shape::KB; ++j) {
+          const int k = kb * Shape::BK + j * 64;
+          hopper::tma_load_2d(stage + j * Shape::WEIGHT_BOX_BYTES, &map_w, bar, k, weight_row);
+          hopper::tma_load_2d(stage + Shape::WEIGHT_STAGE_BYTES + j * Shape::TOKEN_BOX_BYTES, &map_x, bar, k,
+                              token_row);
+        }
+        ring.advance();
+      }
+    }
+    hopper::allow_dependent_grids();  // the next launch may set up while the last stages are used
+    return;
+  }
+
+  constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
+  const int consumer = threadIdx.x / 128;
+  const int t = threadIdx.x % 128;
+  const uint32_t stage_base = hopper::smem_u32(stages);
+  hopper::RingPosition<Shape::STAGES> ring;
+  Stretch stretch(sk);
+  Segment seg;
+  while (stretch.next(seg)) {
+    float d[Shape::ACCUMULATORS];
+    for (int kb = seg.kb_begin; kb < seg.kb_end; ++kb) {
+      hopper::mbarrier_wait(&full[ring.stage], ring.phase);
+      const uint32_t weights = stage_base + ring.stage * Shape::STAGE_BYTES + consumer * 64 * 128;
+      const uint32_t tokens = stage_base + ring.stage * Shape::STAGE_BYTES + Shape::WEIGHT_STAGE_BYTES;
+      hopper::wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < Shape::KB; ++j) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {  // K-major rows of 128 bytes: 32 bytes per k16
+          hopper::Wgmma<BT, 0>::template run<kBF16>(
+              d, hopper::smem_descriptor(weights + j * Shape::WEIGHT_BOX_BYTES + kk * 32, 16, 1024),
+              hopper::smem_descriptor(tokens + j * Shape::TOKEN_BOX_BYTES + kk * 32, 16, 1024),
+              (kb > seg.kb_begin || j > 0 || kk > 0) ? 1 : 0);
+        }
+      }
+      hopper::wgmma_commit();
+      hopper::wgmma_wait<0>();
+      if (t == 0) hopper::mbarrier_arrive(&empty[ring.stage]);
+      ring.advance();
+    }
+
+    const int64_t n0 = (seg.tile / token_tiles) * kTileRows + consumer * 64;
+    const int64_t m0 = (seg.tile % token_tiles) * BT;
+    if (seg.kb_begin == 0 && seg.kb_end == k_blocks) {  // the whole tile: store it
+      store_results<T, BT>(p, n0, m0, d);
+      continue;
+    }
+    // A part: hand it over, and count in. The CTAs that share tile u are the
+    // owners of its first and last k-block and those between; the counter of
+    // (tile, consumer) sits at the first one's slot of the tile.
+    const int64_t u = seg.tile;
+    const int first = sk.owner(u * k_blocks), last = sk.owner((u + 1) * k_blocks - 1);
+    float4* mine = partial_of<BT>(p, sk.slot(int(blockIdx.x), u), consumer);
+#pragma unroll
+    for (int i = 0; i < Shape::ACCUMULATORS / 4; ++i) {
+      __stcg(mine + i * 128, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
+    }
+    __threadfence();                                // this thread's sums are visible before it counts in
+    hopper::named_barrier_sync(2 + consumer, 128);  // ... and every thread's, before thread 0 counts the warpgroup in
+    if (t == 0) {
+      uint32_t* counter = p.partial_flags + sk.slot(first, u) * 2 + consumer;
+      const bool is_last = atomicAdd(counter, 1u) == uint32_t(last - first);
+      if (is_last) {
+        *counter = 0;      // every part has counted in: zero for the next launch
+        __threadfence();   // the other parts' sums, published before their counts, are read after them
+      }
+      finisher[consumer] = is_last ? 1 : 0;
+    }
+    hopper::named_barrier_sync(2 + consumer, 128);
+    if (!*static_cast<volatile int*>(&finisher[consumer])) continue;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
+    for (int c = first; c <= last; ++c) {
+      const float4* part = partial_of<BT>(p, sk.slot(c, u), consumer);
+#pragma unroll
+      for (int i = 0; i < Shape::ACCUMULATORS / 4; ++i) {
+        const float4 v = __ldcg(part + i * 128);
+        d[4 * i] += v.x;
+        d[4 * i + 1] += v.y;
+        d[4 * i + 2] += v.z;
+        d[4 * i + 3] += v.w;
+      }
+    }
+    store_results<T, BT>(p, n0, m0, d);
+  }
+}
+
+// The tensor maps of the weights (N rows of K, in 128 x 64 boxes) and the
+// tokens (M rows of K, in BT x 64 boxes). A size-1 dim's stride is never used
+// to address, so it is replaced by one TMA accepts.
+bool make_maps(const MatmulProblem& p, int bt, CUtensorMap* map_w, CUtensorMap* map_x) {
+  const int32_t bf16 = p.dtype == ElementType::kBFloat16;
+  hopper::TensorMapKey w{};
+  w.base = p.b;
+  w.rows = uint64_t(p.n);
+  w.cols = uint64_t(p.k);
+  w.row_stride_bytes = uint64_t(p.n == 1 ? ceil_div(p.k, 8) * 8 : p.b_stride_n) * 2;
+  w.box_rows = kTileRows;
+  w.box_cols = kBlockK;
+  w.bf16 = bf16;
+  hopper::TensorMapKey x{};
+  x.base = p.a;
+  x.rows = uint64_t(p.m);
+  x.cols = uint64_t(p.k);
+  x.row_stride_bytes = uint64_t(p.m == 1 ? ceil_div(p.k, 8) * 8 : p.a_stride_m) * 2;
+  x.box_rows = uint32_t(bt);
+  x.box_cols = kBlockK;
+  x.bf16 = bf16;
+  return hopper::tensor_map(w, map_w) && hopper::tensor_map(x, map_x);
+}
+
+template <typename T, int BT>
+cudaError_t launch_typed(const MatmulProblem& p, cudaStream_t stream, int device) {
+  using Shape = StreamKShape<BT>;
+  constexpr auto kernel = wgmma_streamk_kernel<T, BT>;
+  if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
+  CUtensorMap map_w, map_x;
+  if (!make_maps(p, BT, &map_w, &map_x)) return cudaErrorInvalidValue;
+  // One CTA an SM (its shared memory), each with at least one work item.
+  const int64_t total = ceil_div(p.n, kTileRows) * ceil_div(p.m, BT) * ceil_div(p.k, Shape::BK);
+  const int64_t ctas = min_i64(total, tc::sm_count(device));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(ctas));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Shape::SMEM_BYTES;
+  config.stream = stream;
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, map_w, map_x, p);
+}
+
+template <typename T>
+cudaError_t launch_for_tokens(const MatmulProblem& p, cudaStream_t stream, int device) {
+  if (p.m <= 8) return launch_typed<T, 8>(p, stream, device);
+  if (p.m <= 16) return launch_typed<T, 16>(p, stream, device);
+  if (p.m <= 32) return launch_typed<T, 32>(p, stream, device);
+  if (p.m <= 64) return launch_typed<T, 64>(p, stream, device);
+  if (p.m <= 128) return launch_typed<T, 128>(p, stream, device);
+  return launch_typed<T, 256>(p, stream, device);  // more tokens: several token tiles
+}
+
+}  // namespace
+
+cudaError_t launch_wgmma_streamk(const MatmulProblem& problem, cudaStream_t stream) {
+  if (problem.m == 0 || problem.n == 0) return cudaSuccess;
+  if (!splitk_operands_ok(problem) || problem.partials == nullptr || problem.partial_flags == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device)) return err;
+  return problem.dtype == ElementType::kBFloat16 ? launch_for_tokens<__nv_bfloat16>(problem, stream, device)
+                                                 : launch_for_tokens<__half>(problem, stream, device);
+}
+
+}  // namespace persistent_matmul
