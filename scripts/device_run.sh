@@ -6,10 +6,13 @@
 # With no STEP every step runs, else the set-up steps and the named ones, e.g.
 #   bash scripts/device_run.sh smoke gpu_tests benchmark sass
 # Steps: smoke gpu_tests sweep demo benchmark timelines kernel_times integration sanitizers
-# profile profile_hopper sass, and compare (not in the default set: build/ against the
-# build folder $BASELINE, scripts/compare_builds.py, output in compare.log).
+# profile profile_hopper sass, and not in the default set: compare (build/ against the
+# build folder $BASELINE, scripts/compare_builds.py, output in compare.log), decode_rungs
+# (the skinny-product rungs side by side) and model_benchmark (the run of record of
+# scripts/model_benchmark.py).
 # Environment: BENCH_ARGS, SWEEP_ARGS, COMPARE_ARGS (extra arguments), SWEEP_SECONDS (the
-# sweep's time budget), SANITIZE_RUNGS (rungs for memcheck; default all), BASELINE.
+# sweep's time budget), SANITIZE_RUNGS (rungs for memcheck; default all), BASELINE,
+# GPU_TESTS (the test files or folders of gpu_tests; default tests).
 #
 # Steps: install the carried wheels (.whl/, if present), print the GPU, check that the
 # prebuilt variant in build/ loads under the device's torch, run the GPU tests, the
@@ -88,7 +91,8 @@ gpu_tests() {
   fi
   # --continue-on-collection-errors: a CPU-only test module that cannot be imported here
   # (say, for a package the device lacks) is reported, but the GPU tests still run.
-  timeout -k 5 420 "$PY" -m pytest -m gpu tests -q -ra -p no:cacheprovider --continue-on-collection-errors \
+  # shellcheck disable=SC2086  # GPU_TESTS: a list of paths
+  timeout -k 5 420 "$PY" -m pytest -m gpu ${GPU_TESTS:-tests} -q -ra -p no:cacheprovider --continue-on-collection-errors \
     "${leave_out[@]}" 2>&1 | tee -a "$OUT/device.log"
 }
 
@@ -112,6 +116,19 @@ compare() {
   # shellcheck disable=SC2086  # COMPARE_ARGS: extra arguments, word-split on purpose
   timeout -k 5 300 "$PY" scripts/compare_builds.py "$BASELINE" --candidates build ${COMPARE_ARGS:-} 2>&1 |
     tee "$OUT/compare.log"
+}
+
+# splitk, wgmma_streamk and wgmma_persistent side by side on the Llama-3 projections at
+# decode M and the first prefill Ms, eager and in CUDA graphs: what kernel="auto"'s token
+# limits for the skinny rungs rest on (torch-ext/rungs.h).
+decode_rungs() {
+  timeout -k 5 360 "$PY" scripts/model_benchmark.py --parts shapes --kernels splitk wgmma_streamk wgmma_persistent \
+    --ms 1 2 4 8 16 32 64 128 256 512 1024 --rounds 2 --out "$OUT" --tag decode-rungs 2>&1 | tee -a "$OUT/device.log"
+}
+
+# The run of record of scripts/model_benchmark.py: host cost, the shape set, the model.
+model_benchmark() {
+  timeout -k 5 480 "$PY" scripts/model_benchmark.py --out "$OUT" 2>&1 | tee -a "$OUT/device.log"
 }
 
 # Where each persistent rung's tiles ran, per tile order, at the large square shapes.
@@ -181,7 +198,7 @@ sanitizer() {
 # deadlock) is reported and killed, not waited on.
 smoke() {
   local rung rc=0
-  for rung in naive warptiled tiled persistent persistent-grouped wgmma wgmma_persistent splitk \
+  for rung in naive warptiled tiled persistent persistent-grouped wgmma wgmma_persistent splitk wgmma_streamk \
     wgmma_persistent-grouped; do
     timeout -k 5 60 "$PY" scripts/smoke_test.py "$rung" 2>&1 | tee -a "$OUT/device.log" || rc=1
   done
@@ -210,7 +227,7 @@ integration() {
 
 sanitizers() {
   local rung
-  for rung in ${SANITIZE_RUNGS:-naive warptiled tiled persistent wgmma wgmma_persistent splitk}; do
+  for rung in ${SANITIZE_RUNGS:-naive warptiled tiled persistent wgmma wgmma_persistent splitk wgmma_streamk}; do
     run_step "compute-sanitizer memcheck $rung" sanitizer memcheck "$rung"
   done
   # shellcheck disable=SC2086  # SANITIZE_RUNGS: a list of rung names
@@ -233,6 +250,8 @@ for step in "${STEPS[@]}"; do
     demo) run_step "demo --record" demo ;;
     benchmark) run_step "benchmark table" benchmark ;;
     compare) run_step "build/ against \$BASELINE" compare ;;
+    decode_rungs) run_step "skinny rungs side by side" decode_rungs ;;
+    model_benchmark) run_step "model benchmark" model_benchmark ;;
     timelines) run_step "tile timelines" timelines ;;
     kernel_times) run_step "GPU time per kernel of a call" kernel_times ;;
     sanitizers) sanitizers ;;
