@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: no libcuda link)
 #include <cuda_runtime.h>
@@ -298,7 +299,54 @@ PM_WGMMA_WIDTH(8, 4, "4", "5", "6", "7")
 #undef PM_WGMMA_WIDTH
 #undef PM_WGMMA
 
+// Partial sums handed between CTAs through global memory (the split tiles of
+// wgmma_persistent's split-tail order and of wgmma_streamk): one consumer
+// warpgroup's N accumulators as N / 4 float4s, thread-minor (float4 i of
+// thread t at i * 128 + t, so each warp's accesses are contiguous), through L2
+// only (L1 is not coherent between SMs). `slot` points at the warpgroup's
+// thread 0.
+template <int N>
+__device__ __forceinline__ void store_partial_sums(float4* slot, const float (&d)[N]) {
+  static_assert(N % 4 == 0, "whole float4s");
+  float4* mine = slot + threadIdx.x % 128;
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) __stcg(mine + i * 128, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
+}
+template <int N>
+__device__ __forceinline__ void add_partial_sums(float (&d)[N], const float4* slot) {
+  const float4* mine = slot + threadIdx.x % 128;
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 v = __ldcg(mine + i * 128);
+    d[4 * i] += v.x;
+    d[4 * i + 1] += v.y;
+    d[4 * i + 2] += v.z;
+    d[4 * i + 3] += v.w;
+  }
+}
+
 // ------------------------------------------------------------------ host side
+
+// Launches `kernel` as a programmatic dependent launch: its CTAs may start
+// (set up their barriers) while the kernel before them in the stream
+// finishes; the kernel waits for that one (wait_for_prior_grids) before it
+// touches global memory.
+template <typename... Params, typename... Args>
+cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, int smem_bytes,
+                                cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = size_t(smem_bytes);
+  config.stream = stream;
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 
 // A 2-D row-major view for a tensor map: `rows` rows of `cols` elements,
 // `row_stride_bytes` apart, read in boxes of box_rows x box_cols.

@@ -98,20 +98,9 @@ cudaError_t launch_kernel(const MatmulProblem& p, cudaStream_t stream, int devic
                           int64_t ctas) {
   constexpr auto kernel = wgmma_persistent_kernel<T, Shape, CLUSTER, B_KMAJOR, TIMELINE, SPLIT>;
   if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
-  // A programmatic dependent launch: the CTAs start (set up their barriers)
-  // while the kernel before them in the stream finishes, and wait for it
-  // before touching global memory (hopper::produce).
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(ctas));
-  config.blockDim = dim3(Shape::THREADS);
-  config.dynamicSmemBytes = Shape::SMEM_BYTES;
-  config.stream = stream;
-  cudaLaunchAttribute overlap;
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, maps.a, maps.b, maps.out, maps.store_by_tma, p);
+  // The CTAs wait for the kernel before them in hopper::produce.
+  return hopper::launch_programmatic(kernel, dim3(unsigned(ctas)), dim3(Shape::THREADS), Shape::SMEM_BYTES, stream,
+                                     maps.a, maps.b, maps.out, maps.store_by_tma, p);
 }
 
 // Whether the split-tail order splits anything here: SplitTail cuts the last

@@ -137,11 +137,10 @@ __device__ __forceinline__ void store_results(const MatmulProblem& p, int64_t n0
   }
 }
 
-// One consumer's half of a partial-sum slot: its 64 x BT floats as float4s,
-// thread-minor (coalesced), read and written through L2 only.
+// One consumer's half of a partial-sum slot: its 64 x BT floats (store_partial_sums).
 template <int BT>
 __device__ __forceinline__ float4* partial_of(const MatmulProblem& p, int64_t slot, int consumer) {
-  return reinterpret_cast<float4*>(p.partials + (slot * kTileRows + consumer * 64) * BT) + threadIdx.x % 128;
+  return reinterpret_cast<float4*>(p.partials + (slot * kTileRows + consumer * 64) * BT);
 }
 
 // At most 168 registers a thread: the 9 warps spread over the SM's four
@@ -241,11 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (tile, consumer) sits at the first one's slot of the tile.
     const int64_t u = seg.tile;
     const int first = sk.owner(u * k_blocks), last = sk.owner((u + 1) * k_blocks - 1);
-    float4* mine = partial_of<BT>(p, sk.slot(int(blockIdx.x), u), consumer);
-#pragma unroll
-    for (int i = 0; i < Shape::ACCUMULATORS / 4; ++i) {
-      __stcg(mine + i * 128, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
-    }
+    hopper::store_partial_sums(partial_of<BT>(p, sk.slot(int(blockIdx.x), u), consumer), d);
     __threadfence();                                // this thread's sums are visible before it counts in
     hopper::named_barrier_sync(2 + consumer, 128);  // ... and every thread's, before thread 0 counts the warpgroup in
     if (t == 0) {
@@ -262,17 +257,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __threadfence();
 #pragma unroll
     for (int i = 0; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
-    for (int c = first; c <= last; ++c) {
-      const float4* part = partial_of<BT>(p, sk.slot(c, u), consumer);
-#pragma unroll
-      for (int i = 0; i < Shape::ACCUMULATORS / 4; ++i) {
-        const float4 v = __ldcg(part + i * 128);
-        d[4 * i] += v.x;
-        d[4 * i + 1] += v.y;
-        d[4 * i + 2] += v.z;
-        d[4 * i + 3] += v.w;
-      }
-    }
+    for (int c = first; c <= last; ++c) hopper::add_partial_sums(d, partial_of<BT>(p, sk.slot(c, u), consumer));
     store_results<T, BT>(p, n0, m0, d);
   }
 }
@@ -311,17 +296,8 @@ cudaError_t launch_typed(const MatmulProblem& p, cudaStream_t stream, int device
   // One CTA an SM (its shared memory), each with at least one work item.
   const int64_t total = ceil_div(p.n, kTileRows) * ceil_div(p.m, BT) * ceil_div(p.k, Shape::BK);
   const int64_t ctas = min_i64(total, tc::sm_count(device));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(ctas));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Shape::SMEM_BYTES;
-  config.stream = stream;
-  cudaLaunchAttribute overlap;
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, map_w, map_x, p);
+  return hopper::launch_programmatic(kernel, dim3(unsigned(ctas)), dim3(kThreads), Shape::SMEM_BYTES, stream, map_w,
+                                     map_x, p);
 }
 
 template <typename T>

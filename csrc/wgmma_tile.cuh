@@ -678,11 +678,11 @@ __device__ __forceinline__ void store_tile_staged(const MatmulProblem& p, char* 
 }
 
 // Split-tail partial sums of one consumer's 64 x BN rows in a slot of
-// p.partials (BM x BN floats per slot; each consumer's half as float4s,
-// thread-minor, through L2 only) and the consumer's flag of that slot.
+// p.partials (BM x BN floats per slot; each consumer's half in the layout of
+// store_partial_sums) and the consumer's flag of that slot.
 template <typename Shape>
 __device__ __forceinline__ float4* partial_of(const MatmulProblem& p, int64_t slot, int consumer) {
-  return reinterpret_cast<float4*>(p.partials + (slot * Shape::BM + consumer * 64) * Shape::BN) + threadIdx.x % 128;
+  return reinterpret_cast<float4*>(p.partials + (slot * Shape::BM + consumer * 64) * Shape::BN);
 }
 __device__ __forceinline__ uint32_t* partial_flag(const MatmulProblem& p, int64_t slot, int consumer) {
   return p.partial_flags + slot * kSplitFlagsPerSlot + consumer;
@@ -692,11 +692,7 @@ __device__ __forceinline__ uint32_t* partial_flag(const MatmulProblem& p, int64_
 template <typename Shape>
 __device__ __forceinline__ void hand_over_partial(const MatmulProblem& p, const UnitRole& role, int consumer,
                                                   const float (&d)[Shape::ACCUMULATORS]) {
-  float4* dst = partial_of<Shape>(p, role.slot, consumer);
-#pragma unroll
-  for (int i = 0; i < Shape::ACCUMULATORS / 4; ++i) {
-    __stcg(dst + i * 128, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
-  }
+  store_partial_sums(partial_of<Shape>(p, role.slot, consumer), d);
   __threadfence();
   named_barrier_sync(2 + consumer, 128);  // every thread's sums are out
   if (threadIdx.x % 128 == 0) store_release_gpu(partial_flag(p, role.slot, consumer), 1);
@@ -710,17 +706,7 @@ __device__ __forceinline__ void take_over_partials(const MatmulProblem& p, const
     for (int j = 1; j <= role.part; ++j) wait_and_clear_flag(partial_flag(p, role.slot - j * role.stride, consumer));
   }
   named_barrier_sync(2 + consumer, 128);
-  for (int j = 1; j <= role.part; ++j) {
-    const float4* src = partial_of<Shape>(p, role.slot - j * role.stride, consumer);
-#pragma unroll
-    for (int i = 0; i < Shape::ACCUMULATORS / 4; ++i) {
-      const float4 v = __ldcg(src + i * 128);
-      d[4 * i] += v.x;
-      d[4 * i + 1] += v.y;
-      d[4 * i + 2] += v.z;
-      d[4 * i + 3] += v.w;
-    }
-  }
+  for (int j = 1; j <= role.part; ++j) add_partial_sums(d, partial_of<Shape>(p, role.slot - j * role.stride, consumer));
 }
 
 // Before the CTA exits: thread 0 of each consumer waits until its TMA

@@ -89,3 +89,17 @@ def test_cpp_and_python_list_the_same_rungs(pm, repo_root):
     header = (repo_root / "torch-ext" / "rungs.h").read_text()
     names = re.search(r"kRungNames\[\] = \{(.*?)\};", header, re.S).group(1)
     assert re.findall(r'"([a-z_]+)"', names) == list(pm.KERNELS)
+
+
+def test_hopper_rungs_need_exactly_9_0(pm, monkeypatch):
+    """The sm_90a rungs, wgmma_streamk among them, are unavailable on a newer GPU with a
+    reason that says why; the portable skinny rung is available there."""
+    rungs = pm._rungs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "RTX PRO 6000")
+    device = torch.device("cuda", 0)
+    for name in ("wgmma", "wgmma_persistent", "wgmma_streamk"):
+        assert rungs._capability_problem(rungs.RUNGS[name], device) == (
+            "needs compute capability exactly 9.0 (arch-specific code); RTX PRO 6000 is 12.0")
+    assert rungs._capability_problem(rungs.RUNGS["splitk"], device) is None
