@@ -1,7 +1,8 @@
-// Hopper (sm_90a) building blocks shared by the `wgmma` and
-// `wgmma_persistent` rungs: mbarriers, TMA (bulk tensor) loads and stores, wgmma and its
-// shared-memory descriptors, register reallocation, and on the host the
-// cached tensor maps that describe A, B and the output to the copy engine.
+// Hopper (sm_90a) building blocks shared by the `wgmma`, `wgmma_persistent`
+// and `wgmma_streamk` rungs: mbarriers, TMA (bulk tensor) loads and stores,
+// wgmma and its shared-memory descriptors, register reallocation, partial sums
+// handed between CTAs, and on the host the programmatic dependent launch and
+// the cached tensor maps that describe operands to the copy engine.
 //
 // Everything here is PTX for sm_90a; the sources that include it are built
 // only for "9.0a" (build.toml's [kernel.hopper]).
@@ -358,6 +359,23 @@ struct TensorMapKey {
   int32_t unused = 0;  // no implicit padding: keys are compared and hashed bytewise
   bool operator==(const TensorMapKey& o) const { return std::memcmp(this, &o, sizeof(*this)) == 0; }
 };
+
+// The key of a bf16 (else fp16) matrix of `rows` rows of `cols` elements,
+// `row_stride` elements apart, read in box_rows x box_cols boxes. A single
+// row's stride is never used to address, so it is replaced by one TMA
+// accepts: the row's length rounded up to 16 bytes.
+inline TensorMapKey matrix_key(const void* base, int64_t rows, int64_t cols, int64_t row_stride, uint32_t box_rows,
+                               uint32_t box_cols, bool bf16) {
+  TensorMapKey key{};
+  key.base = base;
+  key.rows = uint64_t(rows);
+  key.cols = uint64_t(cols);
+  key.row_stride_bytes = uint64_t(rows == 1 ? (cols + 7) / 8 * 8 : row_stride) * 2;
+  key.box_rows = box_rows;
+  key.box_cols = box_cols;
+  key.bf16 = bf16;
+  return key;
+}
 
 struct TensorMapKeyHash {
   size_t operator()(const TensorMapKey& k) const {

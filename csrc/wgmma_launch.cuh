@@ -22,39 +22,16 @@ inline bool use_wide_tile(int64_t m, int64_t n, int sms) {
 static_assert(WideTile::BM == kWgmmaTileRows && NarrowTile::BM == kWgmmaTileRows,
               "wgmma_cluster_size_for counts rows of tiles of kWgmmaTileRows");
 
-inline int64_t round_up(int64_t x, int64_t to) { return ceil_div(x, to) * to; }
-
 // Tensor maps of A (M x K, K contiguous) and B (K- or N-contiguous) for a
 // tile shape and cluster size (a K-major B slice is loaded in `cluster`
-// boxes). A size-1 dim's stride is never used to address, so it is replaced
-// by one TMA accepts.
+// boxes).
 template <typename Shape>
 bool make_tensor_maps(const MatmulProblem& p, bool b_kmajor, int cluster, CUtensorMap* map_a, CUtensorMap* map_b) {
-  const int32_t bf16 = p.dtype == ElementType::kBFloat16;
-  TensorMapKey a{};
-  a.base = p.a;
-  a.rows = uint64_t(p.m);
-  a.cols = uint64_t(p.k);
-  a.row_stride_bytes = uint64_t(p.m == 1 ? round_up(p.k, 8) : p.a_stride_m) * 2;
-  a.box_rows = Shape::BM;
-  a.box_cols = Shape::BK;
-  a.bf16 = bf16;
-  TensorMapKey b{};
-  b.base = p.b;
-  b.bf16 = bf16;
-  if (b_kmajor) {  // N rows of K: loaded as (BN / cluster) x 64 boxes
-    b.rows = uint64_t(p.n);
-    b.cols = uint64_t(p.k);
-    b.row_stride_bytes = uint64_t(p.n == 1 ? round_up(p.k, 8) : p.b_stride_n) * 2;
-    b.box_rows = Shape::BN / cluster;
-    b.box_cols = Shape::BK;
-  } else {  // K rows of N: loaded as 64 x 64 boxes
-    b.rows = uint64_t(p.k);
-    b.cols = uint64_t(p.n);
-    b.row_stride_bytes = uint64_t(p.k == 1 ? round_up(p.n, 8) : p.b_stride_k) * 2;
-    b.box_rows = Shape::BK;
-    b.box_cols = 64;
-  }
+  const bool bf16 = p.dtype == ElementType::kBFloat16;
+  const TensorMapKey a = matrix_key(p.a, p.m, p.k, p.a_stride_m, Shape::BM, Shape::BK, bf16);
+  const TensorMapKey b =
+      b_kmajor ? matrix_key(p.b, p.n, p.k, p.b_stride_n, Shape::BN / cluster, Shape::BK, bf16)  // N rows of K: (BN / cluster) x 64 boxes
+               : matrix_key(p.b, p.k, p.n, p.b_stride_k, Shape::BK, 64, bf16);                  // K rows of N: 64 x 64 boxes
   return tensor_map(a, map_a) && tensor_map(b, map_b);
 }
 
@@ -69,15 +46,7 @@ inline bool tma_can_store(const MatmulProblem& p) {
 
 // The output as TMA stores it, in 64 x 64 boxes (the staging buffers of wgmma_tile.cuh).
 inline bool make_output_map(const MatmulProblem& p, CUtensorMap* map_out) {
-  TensorMapKey out{};
-  out.base = p.out;
-  out.rows = uint64_t(p.m);
-  out.cols = uint64_t(p.n);
-  out.row_stride_bytes = uint64_t(p.m == 1 ? round_up(p.n, 8) : p.out_stride_m) * 2;
-  out.box_rows = 64;
-  out.box_cols = 64;
-  out.bf16 = p.dtype == ElementType::kBFloat16;
-  return tensor_map(out, map_out);
+  return tensor_map(matrix_key(p.out, p.m, p.n, p.out_stride_m, 64, 64, p.dtype == ElementType::kBFloat16), map_out);
 }
 
 // The tensor maps of one launch (passed to the kernel as __grid_constant__

@@ -52,9 +52,9 @@ constexpr int kThreads = kConsumerThreads + 32;  // the consumers, then the prod
 template <int BT>
 struct StreamKShape {
   static constexpr int KB = 2;        // k-boxes per stage
-  static constexpr int BK = 64 * KB;  // K per stage: a k-block
-  static constexpr int WEIGHT_BOX_BYTES = kTileRows * 64 * 2;
-  static constexpr int TOKEN_BOX_BYTES = BT * 64 * 2;
+  static constexpr int BK = kBlockK * KB;  // K per stage: a k-block
+  static constexpr int WEIGHT_BOX_BYTES = kTileRows * kBlockK * 2;
+  static constexpr int TOKEN_BOX_BYTES = BT * kBlockK * 2;
   static constexpr int WEIGHT_STAGE_BYTES = KB * WEIGHT_BOX_BYTES;
   static constexpr int STAGE_BYTES = KB * (WEIGHT_BOX_BYTES + TOKEN_BOX_BYTES);
   static constexpr int STAGES = (200 * 1024) / STAGE_BYTES;
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   char* stages = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(stages + Shape::STAGES * Shape::STAGE_BYTES);
   uint64_t* empty = full + Shape::STAGES;
-  int* finisher = reinterpret_cast<int*>(empty + Shape::STAGES);  // per consumer: the tile's first CTA, or -1
+  int* finisher = reinterpret_cast<int*>(empty + Shape::STAGES);  // per consumer: 1 if it finishes the tile
 
   const int64_t token_tiles = ceil_div(p.m, BT);
   const int64_t k_blocks = ceil_div(p.k, Shape::BK);
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint64_t* bar = &full[ring.stage];
         hopper::mbarrier_arrive_expect_tx(bar, Shape::STAGE_BYTES);
         for (int j = 0; j < Shape::KB; ++j) {
-          const int k = kb * Shape::BK + j * 64;
+          const int k = kb * Shape::BK + j * kBlockK;
           hopper::tma_load_2d(stage + j * Shape::WEIGHT_BOX_BYTES, &map_w, bar, k, weight_row);
           hopper::tma_load_2d(stage + Shape::WEIGHT_STAGE_BYTES + j * Shape::TOKEN_BOX_BYTES, &map_x, bar, k,
                               token_row);
@@ -263,27 +263,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The tensor maps of the weights (N rows of K, in 128 x 64 boxes) and the
-// tokens (M rows of K, in BT x 64 boxes). A size-1 dim's stride is never used
-// to address, so it is replaced by one TMA accepts.
+// tokens (M rows of K, in BT x 64 boxes).
 bool make_maps(const MatmulProblem& p, int bt, CUtensorMap* map_w, CUtensorMap* map_x) {
-  const int32_t bf16 = p.dtype == ElementType::kBFloat16;
-  hopper::TensorMapKey w{};
-  w.base = p.b;
-  w.rows = uint64_t(p.n);
-  w.cols = uint64_t(p.k);
-  w.row_stride_bytes = uint64_t(p.n == 1 ? ceil_div(p.k, 8) * 8 : p.b_stride_n) * 2;
-  w.box_rows = kTileRows;
-  w.box_cols = kBlockK;
-  w.bf16 = bf16;
-  hopper::TensorMapKey x{};
-  x.base = p.a;
-  x.rows = uint64_t(p.m);
-  x.cols = uint64_t(p.k);
-  x.row_stride_bytes = uint64_t(p.m == 1 ? ceil_div(p.k, 8) * 8 : p.a_stride_m) * 2;
-  x.box_rows = uint32_t(bt);
-  x.box_cols = kBlockK;
-  x.bf16 = bf16;
-  return hopper::tensor_map(w, map_w) && hopper::tensor_map(x, map_x);
+  const bool bf16 = p.dtype == ElementType::kBFloat16;
+  return hopper::tensor_map(hopper::matrix_key(p.b, p.n, p.k, p.b_stride_n, kTileRows, kBlockK, bf16), map_w) &&
+         hopper::tensor_map(hopper::matrix_key(p.a, p.m, p.k, p.a_stride_m, uint32_t(bt), kBlockK, bf16), map_x);
 }
 
 template <typename T, int BT>

@@ -42,8 +42,8 @@ SKINNY = ["splitk", "wgmma_streamk"]
 # (257, 300); N across the 128-row tile; work that is less than one k-block per SM
 # (1 x 1), whole tiles only (20000 x 64: 157 tiles of one k-block), stretches that
 # cut tiles (20000 x 192, 4096 x 14336: 32 tiles of 224 k-blocks for 132 SMs).
-SPLITK_M = [1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 200, 256, 257, 300]
-SPLITK_NK = [(1, 1), (15, 63), (16, 64), (17, 65), (48, 511), (33, 512), (130, 4104), (20000, 64), (20000, 192),
+SKINNY_M = [1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 200, 256, 257, 300]
+SKINNY_NK = [(1, 1), (15, 63), (16, 64), (17, 65), (48, 511), (33, 512), (130, 4104), (20000, 64), (20000, 192),
              (4096, 14336)]
 
 
@@ -53,8 +53,8 @@ def test_skinny_small_integers_with_bias_bit_exact(pm, gen, dtype, kernel):
     """linear on small-integer operands: every output exact, bias added once."""
     runs(pm, kernel)
     failures = []
-    for m in SPLITK_M:
-        for n, k in SPLITK_NK:
+    for m in SKINNY_M:
+        for n, k in SKINNY_NK:
             x, w_t = exact_int_operands(m, n, k, dtype, DEVICE, b_transposed=True, generator=gen, headroom=1)
             bias = exact_int_bias(n, dtype, DEVICE, generator=gen)
             y = pm.linear(x, w_t.t(), bias, kernel=kernel)
