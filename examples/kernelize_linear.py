@@ -21,6 +21,12 @@ be patched that way). Two ways are left with kernels 0.17.2:
 
 The layer name is ``MatmulLinear``, never ``Linear``: transformers registers
 ``"Linear"`` in its own default mapping (another kernel).
+
+Under tensor parallelism (transformers' ``tp_plan``, torch.distributed) each
+sharded Linear's forward is an instance attribute: the plan's wrapper, which
+hands the layer local shards and all-reduces the row-parallel outputs.
+kernelize replaces that attribute, so ``kernelize_linears`` installs the plan's
+forward again around the kernelized one (``tensor_parallel_styles``).
 """
 
 from __future__ import annotations
@@ -89,6 +95,54 @@ class _OtherLayersQuiet(logging.Filter):
         return "No kernel mapping found for layer" not in message or f"`{LAYER_NAME}`" in message
 
 
+def wrapped_forwards(model: nn.Module, names: list[str]) -> list[str]:
+    """The modules among ``names`` whose forward is a per-instance wrapper: an instance
+    attribute that is not a method bound to the module (transformers' tensor-parallel
+    forward, accelerate's hooks). A forward a previous kernelize installed is a bound
+    method, and kernelize may replace it."""
+    wrapped = []
+    for name in names:
+        module = model.get_submodule(name)
+        forward = vars(module).get("forward")
+        if forward is not None and getattr(forward, "__self__", None) is not module:
+            wrapped.append(name)
+    return wrapped
+
+
+def tensor_parallel_styles(model: nn.Module, names: list[str]) -> dict[str, tuple[object, object]]:
+    """``{name: (style, mesh)}``: the tensor-parallel style that ``model.tp_plan`` gives
+    each module in ``names`` (transformers' ``ALL_PARALLEL_STYLES`` entry) and the device
+    mesh its weight is sharded over, to install the style's forward again after
+    kernelize. Raises ValueError for a module the plan does not name, or whose weight
+    is not a DTensor: its wrapper is not the plan's, and kernelize would drop it."""
+    plan = (getattr(model, "tp_plan", None) or {}) if names else {}
+    styles = _plan_styles(model, names, plan) if plan else {}
+    unexplained = [name for name in names if name not in styles]
+    if unexplained:
+        raise ValueError(
+            f"{len(unexplained)} Linear modules have a forward wrapper that is not their tensor-parallel plan's "
+            f"(e.g. accelerate's hooks), which kernelize would drop: {unexplained[:5]}. Leave them out with "
+            "`include`, or kernelize before wrapping them."
+        )
+    return styles
+
+
+def _plan_styles(model: nn.Module, names: list[str], plan: dict[str, str]) -> dict[str, tuple[object, object]]:
+    """tensor_parallel_styles' lookup, for the modules the plan names and whose weight is sharded."""
+    from torch.distributed.tensor import DTensor
+    from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
+    from transformers.distributed.tensor_parallel import replace_layer_number_by_wildcard
+
+    styles = {}
+    for name in names:
+        # The plan's keys name layers by wildcard ("model.layers.*.mlp.up_proj"), as transformers looks them up.
+        style_name = plan.get(replace_layer_number_by_wildcard(name))
+        weight = getattr(model.get_submodule(name), "weight", None)
+        if style_name in ALL_PARALLEL_STYLES and isinstance(weight, DTensor):
+            styles[name] = (ALL_PARALLEL_STYLES[style_name], weight.device_mesh)
+    return styles
+
+
 def kernelize_linears(
     model: nn.Module,
     *,
@@ -107,11 +161,19 @@ def kernelize_linears(
     used (``inherit_mapping=False``); other kernelizable layers keep their
     forward. Raises if the layer cannot be used in ``mode``. Returns the names
     of the modules now running MatmulLinear's forward.
+
+    A model under a tensor-parallel plan (``model.tp_plan``, sharded DTensor
+    weights) keeps it: each sharded module's plan forward is installed again
+    around MatmulLinear's, so in inference our kernels run on every rank's local
+    shards, and with gradients on (DTensors) the layer computes with torch.
+    Raises ValueError, before kernelizing, for Linear modules wrapped by
+    anything else.
     """
     if device is None:
         device = next(model.parameters()).device.type
     repository = linear_repository() if repository is None else repository
     marked = mark_linears(model, include)
+    styles = tensor_parallel_styles(model, wrapped_forwards(model, marked))
     layer_logger = logging.getLogger("kernels.layer.layer")
     quiet = _OtherLayersQuiet()
     layer_logger.addFilter(quiet)
@@ -122,10 +184,14 @@ def kernelize_linears(
     finally:
         layer_logger.removeFilter(quiet)
     layer = repository.load()
-    replaced = [name for name in marked if model.get_submodule(name).forward.__func__ is layer.forward]
+    replaced = [name for name in marked
+                if getattr(model.get_submodule(name).forward, "__func__", None) is layer.forward]
     if replaced != marked:
         missing = sorted(set(marked) - set(replaced))
         raise RuntimeError(f"kernelize left {len(missing)} Linear modules unreplaced: {missing[:5]}")
+    for name, (style, mesh) in styles.items():
+        # The style wraps whatever module.forward is now: MatmulLinear's.
+        style.install_forward(model.get_submodule(name), mesh)
     return replaced
 
 
@@ -301,4 +367,6 @@ __all__ = [
     "mark_linears",
     "normwise_error",
     "summary",
+    "tensor_parallel_styles",
+    "wrapped_forwards",
 ]

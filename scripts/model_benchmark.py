@@ -273,27 +273,31 @@ def llama3_8b_config(layers: int):
                        max_position_embeddings=8192, rope_theta=500000.0)
 
 
-def model_cases(model, config, prompt: int = 512):
+def model_cases(model, config, prompt: int = 512, *, device: str = "cuda",
+                prefills: tuple[tuple[int, int], ...] = ((1, 2048), (4, 2048)),
+                decode_batches: tuple[int, ...] = (1, 32)):
     """(name, tokens, forward, prefill) of each case: forward() runs one step on static
     tensors (capturable in a CUDA graph) and returns the logits; prefill, if not None,
-    fills the KV cache with the prompt first."""
+    fills the KV cache with the prompt first. Prefill cases of each (batch, sequence)
+    in ``prefills``, decode steps of each batch in ``decode_batches``; the same inputs
+    on every call (and every rank) for the same arguments."""
     from transformers import StaticCache
 
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    gen = torch.Generator(device=device).manual_seed(1)
     cases = []
-    for batch, seq in ((1, 2048), (4, 2048)):
-        ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=gen)
+    for batch, seq in prefills:
+        ids = torch.randint(0, config.vocab_size, (batch, seq), device=device, generator=gen)
         cases.append((f"prefill {batch}x{seq}", batch * seq, lambda ids=ids: model(input_ids=ids, use_cache=False).logits,
                       None))
-    for batch in (1, 32):
-        prompt_ids = torch.randint(0, config.vocab_size, (batch, prompt), device="cuda", generator=gen)
-        step_ids = torch.randint(0, config.vocab_size, (batch, 1), device="cuda", generator=gen)
+    for batch in decode_batches:
+        prompt_ids = torch.randint(0, config.vocab_size, (batch, prompt), device=device, generator=gen)
+        step_ids = torch.randint(0, config.vocab_size, (batch, 1), device=device, generator=gen)
         cache = StaticCache(config=config, max_cache_len=prompt + 8)
-        position = torch.tensor([prompt], device="cuda")
+        position = torch.tensor([prompt], device=device)
 
         def prefill(prompt_ids=prompt_ids, cache=cache):
             cache.reset()
-            model(input_ids=prompt_ids, past_key_values=cache, cache_position=torch.arange(prompt, device="cuda"),
+            model(input_ids=prompt_ids, past_key_values=cache, cache_position=torch.arange(prompt, device=device),
                   use_cache=True)
 
         def step(step_ids=step_ids, cache=cache, position=position):

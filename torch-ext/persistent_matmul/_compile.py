@@ -36,14 +36,29 @@ def _linear_fwd_fake(x, weight, bias, kernel):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch built without torch.distributed: no DTensor can reach us
+    DTensor = None
+
+
+def is_dtensor(t: torch.Tensor | None) -> bool:
+    """Whether ``t`` is a DTensor (a tensor-parallel shard with its placement)."""
+    return DTensor is not None and isinstance(t, DTensor)
+
+
 def kernels_take(*tensors: torch.Tensor | None) -> bool:
     """Whether our kernels take these tensors: CUDA tensors of one supported dtype on one
     device (None entries, an absent bias, are ignored). Anything else (CPU tensors,
-    float64, mixed dtypes) is left to torch."""
+    float64, mixed dtypes, DTensors) is left to torch.
+
+    A DTensor reports its local shard's device and dtype, so it is named here: the
+    op has no sharding rule, and torch's linear knows how to combine the shards
+    (a tensor-parallel forward gives our kernels the local shards instead)."""
     tensors = tuple(t for t in tensors if t is not None)
     first = tensors[0]
     return (first.device.type == "cuda" and first.dtype in ALL_DTYPES
-            and all(t.device == first.device and t.dtype == first.dtype for t in tensors))
+            and all(t.device == first.device and t.dtype == first.dtype and not is_dtensor(t) for t in tensors))
 
 
 def _setup_context(ctx, inputs, output):
