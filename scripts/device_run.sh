@@ -8,9 +8,10 @@
 # Steps: smoke gpu_tests sweep demo benchmark timelines kernel_times integration sanitizers
 # profile profile_hopper sass, and not in the default set: compare (build/ against the
 # build folder $BASELINE, scripts/compare_builds.py, output in compare.log), decode_rungs
-# (the skinny-product rungs side by side) and model_benchmark (the run of record of
-# scripts/model_benchmark.py).
-# Environment: BENCH_ARGS, SWEEP_ARGS, COMPARE_ARGS (extra arguments), SWEEP_SECONDS (the
+# (the skinny-product rungs side by side), model_benchmark (the run of record of
+# scripts/model_benchmark.py) and tp_benchmark (scripts/tp_benchmark.py under torchrun on
+# 2 GPUs; with fewer visible it says so and passes; <date>-tp-benchmark.md/.json).
+# Environment: BENCH_ARGS, SWEEP_ARGS, COMPARE_ARGS, TP_ARGS (extra arguments), SWEEP_SECONDS (the
 # sweep's time budget), SANITIZE_RUNGS (rungs for memcheck; default all), BASELINE,
 # GPU_TESTS (the test files or folders of gpu_tests; default tests).
 #
@@ -129,6 +130,22 @@ decode_rungs() {
 # The run of record of scripts/model_benchmark.py: host cost, the shape set, the model.
 model_benchmark() {
   timeout -k 5 480 "$PY" scripts/model_benchmark.py --out "$OUT" 2>&1 | tee -a "$OUT/device.log"
+}
+
+# The Llama-3-8B-shaped model under transformers' tensor-parallel plan on 2 GPUs, every
+# Linear kernelized on each rank (scripts/tp_benchmark.py): one process a GPU through
+# torchrun, NVLink multicast off in NCCL, PyTorch and NVSHMEM.
+tp_benchmark() {
+  local gpus
+  gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+  if [ "$gpus" -lt 2 ]; then
+    echo "tp_benchmark: $gpus GPU(s) visible, it needs 2: not run" | tee -a "$OUT/device.log"
+    return 0
+  fi
+  # shellcheck disable=SC2086  # TP_ARGS: extra arguments, word-split on purpose
+  NCCL_NVLS_ENABLE=0 NCCL_CUMEM_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    timeout -k 10 540 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/tp_benchmark.py \
+    --out "$OUT" ${TP_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
 }
 
 # Where each persistent rung's tiles ran, per tile order, at the large square shapes.
@@ -252,6 +269,7 @@ for step in "${STEPS[@]}"; do
     compare) run_step "build/ against \$BASELINE" compare ;;
     decode_rungs) run_step "skinny rungs side by side" decode_rungs ;;
     model_benchmark) run_step "model benchmark" model_benchmark ;;
+    tp_benchmark) run_step "tensor parallelism on 2 GPUs" tp_benchmark ;;
     timelines) run_step "tile timelines" timelines ;;
     kernel_times) run_step "GPU time per kernel of a call" kernel_times ;;
     sanitizers) sanitizers ;;
