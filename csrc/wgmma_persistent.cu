@@ -103,6 +103,20 @@ cudaError_t launch_kernel(const MatmulProblem& p, cudaStream_t stream, int devic
                                      maps.a, maps.b, maps.out, maps.store_by_tma, p);
 }
 
+// Whether this build has the split-tail kernel of a tile shape and cluster
+// size. ptxas before CUDA 13 serialises the wgmmas of the single-CTA
+// split-tail kernel of the 128-wide tile (advisory C7511, not enough
+// registers for the wgmma pipeline), which would make it several times
+// slower; such builds leave it out, and that order runs as the dynamic one
+// there (the same whole tiles, the last round not split).
+template <int CLUSTER, typename Shape>
+constexpr bool kSplitTailBuilt =
+#if __CUDACC_VER_MAJOR__ < 13
+    !(CLUSTER == 1 && Shape::BN == 128);
+#else
+    true;
+#endif
+
 // Whether the split-tail order splits anything here: SplitTail cuts the last
 // round of tiles (tile pairs) in parts, and the grid fits the workspace.
 // Elsewhere the order runs as the dynamic one (pairs: grouped), which then
@@ -132,7 +146,7 @@ cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device
     MatmulProblem p = problem;
     if (p.tile_order == int32_t(tc::TileOrder::kSplitTail)) {
       // The instrumented build records whole tiles: it runs the fallback order too.
-      if constexpr (!TIMELINE) {
+      if constexpr (!TIMELINE && kSplitTailBuilt<CLUSTER, Shape>) {
         if (splits_tail<CLUSTER, Shape>(p, device, ctas)) {
           return launch_kernel<T, Shape, CLUSTER, kKMajor, false, true>(p, stream, device, maps, ctas);
         }

@@ -207,7 +207,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   Stretch stretch(sk);
   Segment seg;
   while (stretch.next(seg)) {
-    float d[Shape::ACCUMULATORS];
+    // Zeroed here, outside the k-loop's wgmma fences, though the first wgmma
+    // overwrites them (scale-d 0): left undefined, ptxas before CUDA 13 lets
+    // other instructions define them inside the pipeline and serialises the
+    // wgmmas (advisory C7515).
+    float d[Shape::ACCUMULATORS] = {};
     for (int kb = seg.kb_begin; kb < seg.kb_end; ++kb) {
       hopper::mbarrier_wait(&full[ring.stage], ring.phase);
       const uint32_t weights = stage_base + ring.stage * Shape::STAGE_BYTES + consumer * 64 * 128;
