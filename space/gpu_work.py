@@ -22,6 +22,7 @@ import math
 import os
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 try:  # ZeroGPU: must be imported before torch initialises CUDA.
@@ -40,13 +41,28 @@ except ImportError:  # a plain machine: nothing to attach
 
 import torch
 
+import timeline_data
+
 DEFAULT_REPO_ID = "persistent-matmul/persistent-matmul"
 SPACE_DIR = Path(__file__).resolve().parent
 CUBLAS = "cuBLAS"  # torch.matmul, the baseline every rung is compared with
-TIMELINE_RUNGS = ("tiled", "persistent")
+# The kernels the Timeline tab compares (validation.TIMELINE_KERNELS); not imported
+# from there so that the GPU worker needs nothing of the page.
+TIMELINE_RUNGS = ("tiled", "persistent", "wgmma", "wgmma_persistent", "wgmma_streamk")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 L2_ROTATION_BYTES = 3 * 60 * 2**20  # input sets together exceed a 60 MB L2 three times
 NAIVE_MAX_FLOP = 4.0e11  # the naive rung runs ~5 TFLOP/s: larger products would take seconds
+GRAPH_OUTPUT_BYTES = 2**30  # what a captured graph's calls may write (each call its own output)
+# For the ZeroGPU duration estimates: what a request costs besides its products
+# (loading the kernel, the warm-up, environment()), the fixed cost of timing one
+# (shape, column) eager and in a CUDA graph, and rates the slowest timed tensor-core
+# rung of each dtype (float32: warptiled and cuBLAS without TF32) and the fp64
+# reference beat on an H100 or a 60-SM H200 slice.
+FIXED_SECONDS = 15.0
+PER_COLUMN_SECONDS = 0.15
+SLOW_TFLOPS = {"bfloat16": 60.0, "float16": 60.0, "float32": 15.0}
+FP64_TFLOPS = 20.0
+TIMED_CALLS = 40  # calls of a column that take the product's time: warm-up, probe, batches, graph
 
 _KERNEL: dict = {}  # cache of load_kernel's result
 
@@ -219,13 +235,54 @@ def _time_per_call(fn, calls: int, batches: int) -> float:
     return statistics.median(times)
 
 
-def _measure(fn) -> float:
-    """Seconds per call of ``fn(i)``: one call to warm up, a probe, then batches of >= ~2 ms."""
+def _measure(fn) -> tuple[float, int]:
+    """Seconds per call of ``fn(i)`` and the calls per batch: one call to warm up, a
+    probe, then batches of >= ~2 ms."""
     fn(0)
     torch.cuda.synchronize()
     probe = _time_per_call(fn, 1, 1)
     calls = max(1, min(200, int(2e-3 / max(probe, 1e-7))))
-    return _time_per_call(fn, calls, 7 if probe < 0.05 else 3)
+    return _time_per_call(fn, calls, 7 if probe < 0.05 else 3), calls
+
+
+# scripts/model_benchmark.py's `capture`, statement for statement (tests/test_space.py
+# keeps them equal): the Space is uploaded without scripts/.
+def _capture(fn, calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``fn(i)`` for i in range(calls), captured on a side stream after
+    one warm-up call per i there, and replayed once."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(calls):
+            fn(i)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(calls):
+                fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    return graph
+
+
+def _host_seconds(fn, calls: int) -> float:
+    """What one call costs the host: the time the loop of ``calls`` back-to-back
+    calls takes to enqueue them, per call (model_benchmark.py's "enqueue")."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    seconds = (time.perf_counter() - start) / calls
+    torch.cuda.synchronize()
+    return seconds
+
+
+def _graph_seconds(fn, calls: int, sets: int, out_bytes: int) -> float:
+    """Seconds per call of ``fn`` replayed from one CUDA graph of several calls: the
+    kernel's time without the host's launch cost."""
+    graph_calls = max(1, min(calls, 4 * sets, GRAPH_OUTPUT_BYTES // max(1, out_bytes)))
+    graph = _capture(fn, graph_calls)
+    replays = max(1, calls // graph_calls)
+    return _time_per_call(lambda _: graph.replay(), replays, 5) / graph_calls
 
 
 def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -237,21 +294,30 @@ def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 # --------------------------------------------------------------------------- benchmark
 
 
-def _bench_shape(pm, m: int, n: int, k: int, dtype_name: str, rungs: list[str], available: dict) -> list[dict]:
-    """Rows for one shape: cuBLAS first, then each requested rung (or why it did not run)."""
+def _bench_shape(pm, m: int, n: int, k: int, dtype_name: str, rungs: list[str], available: dict,
+                 weights_layout: bool = False) -> list[dict]:
+    """Rows for one shape: cuBLAS first, then each requested rung (or why it did not run).
+    ``weights_layout``: B is the transpose of N x K weights (K-contiguous), as in F.linear.
+    Each column is timed eager (back-to-back calls: ``ms``, and the host's enqueue cost
+    per call: ``host_us``) and replayed from a CUDA graph (``graph_ms``)."""
     dtype = DTYPES[dtype_name]
     flop = 2.0 * m * n * k
     set_bytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
     sets = max(1, min(16, math.ceil(L2_ROTATION_BYTES / set_bytes)))
-    inputs = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
-              for _ in range(sets)]
+
+    def operand_b():
+        return torch.randn(n, k, device="cuda", dtype=dtype).t() if weights_layout else \
+            torch.randn(k, n, device="cuda", dtype=dtype)
+
+    inputs = [(torch.randn(m, k, device="cuda", dtype=dtype), operand_b()) for _ in range(sets)]
+    out_bytes = m * n * torch.finfo(dtype).bits // 8
     out = torch.empty(m, n, device="cuda", dtype=dtype)
     reference = torch.matmul(inputs[0][0].double(), inputs[0][1].double())
-    base = {"m": m, "n": n, "k": k, "dtype": dtype_name}
+    base = {"m": m, "n": n, "k": k, "dtype": dtype_name, "layout": "weights" if weights_layout else "row-major"}
     rows = []
     for name in [CUBLAS, *rungs]:
         row = {**base, "rung": name, "ms": None, "tflops": None, "rel_error": None, "ratio_vs_cublas": None,
-               "note": ""}
+               "graph_ms": None, "host_us": None, "note": ""}
         rows.append(row)
         if name != CUBLAS:
             avail = available.get(name)
@@ -276,9 +342,14 @@ def _bench_shape(pm, m: int, n: int, k: int, dtype_name: str, rungs: list[str], 
         fn(0)
         torch.cuda.synchronize()
         row["rel_error"] = _rel_error(out, reference)
-        seconds = _measure(fn)
+        seconds, calls = _measure(fn)
         row["ms"] = seconds * 1e3
         row["tflops"] = flop / seconds / 1e12
+        row["host_us"] = _host_seconds(fn, calls) * 1e6
+        try:
+            row["graph_ms"] = _graph_seconds(fn, calls, sets, out_bytes) * 1e3
+        except RuntimeError as exc:  # a capture failure is a result to show, not a failed request
+            row["note"] = f"CUDA graph capture failed: {exc}"[:200]
     cublas = rows[0]["tflops"]
     for row in rows:
         if row["tflops"] is not None and cublas:
@@ -288,21 +359,32 @@ def _bench_shape(pm, m: int, n: int, k: int, dtype_name: str, rungs: list[str], 
     return rows
 
 
-def benchmark_seconds(rungs: list[str], dtype: str, shapes: list[tuple[int, int, int]], progress=None) -> int:
-    """The GPU time to ask ZeroGPU for: kernel load and warm-up, then a few seconds
-    per timed (shape, rung) pair, cuBLAS included; at most 120. On the H200 the
-    page's default (2 rungs + cuBLAS, 5 shapes) took 1.2 s once the kernel was loaded."""
-    return min(120, 15 + 2 * len(shapes) * (len(rungs) + 1))
+def benchmark_seconds(rungs: list[str], dtype: str, shapes: list[tuple[int, int, int]],
+                      weights_layout: bool = False, progress=None) -> int:
+    """The GPU time to ask ZeroGPU for, from the work asked: a fixed cost (kernel load,
+    warm-up), then per shape and column (cuBLAS and each rung) a fixed cost plus
+    TIMED_CALLS products at the dtype's SLOW_TFLOPS, and an fp64 reference per shape. Rounded up;
+    the caller rejects requests over validation.MAX_GPU_SECONDS. On the H200 the page's
+    default (2 rungs + cuBLAS, 5 shapes, eager only) took 1.2 s once the kernel was loaded."""
+    seconds = FIXED_SECONDS
+    for m, n, k in shapes:
+        flop = 2.0 * m * n * k
+        columns = 1 + len([r for r in rungs if r != CUBLAS and not (r == "naive" and flop > NAIVE_MAX_FLOP)])
+        seconds += columns * (PER_COLUMN_SECONDS + TIMED_CALLS * flop / (SLOW_TFLOPS[dtype] * 1e12))
+        seconds += flop / (FP64_TFLOPS * 1e12)
+    return math.ceil(seconds)
 
 
 @gpu(duration=benchmark_seconds)
-def run_benchmark(rungs: list[str], dtype: str, shapes: list[tuple[int, int, int]], progress=None) -> dict:
+def run_benchmark(rungs: list[str], dtype: str, shapes: list[tuple[int, int, int]], weights_layout: bool = False,
+                  progress=None) -> dict:
     """Time ``rungs`` and cuBLAS (torch.matmul, TF32 off) on each (m, n, k) in ``shapes``.
 
     Returns ``{"rows": [...], "environment": {...}, "error": str | None}``; each row is
-    ``{m, n, k, rung, dtype, ms, tflops, rel_error, ratio_vs_cublas, note}`` (numbers
-    None with a ``note`` where a rung did not run). ``progress(fraction, desc)`` is
-    called per shape when given.
+    ``{m, n, k, rung, dtype, layout, ms, tflops, graph_ms, host_us, rel_error,
+    ratio_vs_cublas, note}`` (numbers None with a ``note`` where a rung did not run).
+    ``weights_layout``: B is the transpose of N x K weights, as in a model's linear
+    layers. ``progress(fraction, desc)`` is called per shape when given.
     """
     if not torch.cuda.is_available():
         return {"rows": [], "environment": {}, "error": "no CUDA device"}
@@ -315,7 +397,7 @@ def run_benchmark(rungs: list[str], dtype: str, shapes: list[tuple[int, int, int
     for i, (m, n, k) in enumerate(shapes):
         if progress is not None:
             progress(i / len(shapes), f"{m}x{n}x{k}")
-        rows += _bench_shape(pm, m, n, k, dtype, rungs, available)
+        rows += _bench_shape(pm, m, n, k, dtype, rungs, available, weights_layout)
     env = environment()
     return {"rows": rows, "environment": env, "error": None if pm is not None else message}
 
@@ -323,15 +405,33 @@ def run_benchmark(rungs: list[str], dtype: str, shapes: list[tuple[int, int, int
 # --------------------------------------------------------------------------- timeline
 
 
-@gpu(duration=30)
-def run_timeline(m: int, n: int, k: int, dtype: str = "bfloat16") -> dict:
-    """Per-tile timelines of ``tiled`` and ``persistent`` on one m x n x k product.
+def timeline_seconds(m: int, n: int, k: int, kernels=TIMELINE_RUNGS, dtype: str = "bfloat16") -> int:
+    """The GPU time to ask ZeroGPU for a timeline: the fixed cost, then per kernel a
+    fixed cost plus its instrumented runs and timed calls at the dtype's SLOW_TFLOPS."""
+    flop = 2.0 * m * n * k
+    return math.ceil(FIXED_SECONDS + len(kernels) * (PER_COLUMN_SECONDS
+                                                      + TIMED_CALLS * flop / (SLOW_TFLOPS[dtype] * 1e12)))
 
-    Returns ``{"shape": [m, n, k], "dtype", "sm_count", "tile_config", "environment",
-    "kernels": {name: {"rows": [[tile_m, tile_n, sm, cta, start_ns, end_ns], ...],
-    "columns", "grid", "ms"}}, "error"}``. ``start_ns``/``end_ns`` are %globaltimer
-    readings made relative to the kernel's first tile start. ``ms`` is the median
-    time of the normal (uninstrumented) kernel.
+
+def cluster_size(name: str, m: int) -> int:
+    """The CTAs per cluster a rung launches for M rows when left to pick: wgmma_persistent
+    pairs CTAs on vertically adjacent tiles unless the output has one row of tiles
+    (csrc/matmul_problem.h, wgmma_cluster_size_for); the others run single CTAs."""
+    return 2 if name == "wgmma_persistent" and m > 128 else 1
+
+
+@gpu(duration=timeline_seconds)
+def run_timeline(m: int, n: int, k: int, kernels=TIMELINE_RUNGS, dtype: str = "bfloat16") -> dict:
+    """Per-part timelines of ``kernels`` on one m x n x k product.
+
+    Returns ``{"shape": [m, n, k], "dtype", "sm_count", "environment", "kernels": {name:
+    {"parts": [[tile_m, tile_n, k_begin, k_end, sm, cta, start_ns, end_ns], ...],
+    "grid", "ms", "note", "tile_config", "cluster_size"}}, "error"}``; a kernel that
+    cannot run here (or has no instrumented build) has no parts and a note saying
+    why. ``start_ns``/``end_ns`` are %globaltimer readings made relative to the
+    kernel's first start; builds that record whole tiles give each the K-range
+    [0, k). ``ms`` is the median time of the normal (uninstrumented) kernel. The
+    result has passed ``timeline_data.validate`` (else ``error`` says what failed).
     """
     result: dict = {"shape": [m, n, k], "dtype": dtype, "kernels": {}, "error": None}
     if not torch.cuda.is_available():
@@ -345,28 +445,36 @@ def run_timeline(m: int, n: int, k: int, dtype: str = "bfloat16") -> dict:
     b = torch.randn(k, n, device="cuda", dtype=torch_dtype)
     out = torch.empty(m, n, device="cuda", dtype=torch_dtype)
     result["sm_count"] = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    result["tile_config"] = {key: int(v) for key, v in pm.tile_config(m, n).items()}
+    columns = list(getattr(pm, "TIMELINE_COLUMNS", timeline_data.TILE_COLUMNS))
     _warm_up(0.3)
-    for name in TIMELINE_RUNGS:
+    for name in kernels:
         avail = available.get(name)
+        entry = {"parts": [], "grid": 0, "ms": None, "note": "", "tile_config": {}, "cluster_size": 1}
+        result["kernels"][name] = entry
         if avail is None or not avail.available or torch_dtype not in avail.dtypes:
             reason = "not in this build" if avail is None else avail.reason
-            result["kernels"][name] = {"rows": [], "columns": list(pm.TIMELINE_COLUMNS), "grid": 0, "ms": None,
-                                       "note": f"{name} does not run here: {reason}"}
+            entry["note"] = f"{name} does not run here: {reason}"
+            continue
+        try:
+            entry["tile_config"] = {key: int(v) for key, v in pm.tile_config(m, n, kernel=name).items()}
+        except ValueError:  # a rung without an instrumented build
+            entry["note"] = f"{name} has no instrumented build in this kernel, so no timeline"
             continue
         pm.matmul_timeline(a, b, kernel=name)  # warm the instrumented build
         _, timeline = pm.matmul_timeline(a, b, kernel=name)
         torch.cuda.synchronize()
         t = timeline.cpu()
-        t = t[t[:, 4] >= 0]  # rows still -1: tiles the kernel did not record (should be none)
-        t[:, 4:] -= int(t[:, 4].min()) if len(t) else 0
-        seconds = _measure(lambda i, name=name: pm.matmul(a, b, kernel=name, out=out))
-        result["kernels"][name] = {
-            "rows": t.tolist(),
-            "columns": list(pm.TIMELINE_COLUMNS),
-            "grid": int(t[:, 3].unique().numel()),
-            "ms": seconds * 1e3,
-            "note": "",
-        }
+        start, end = columns.index("start_ns"), columns.index("end_ns")
+        t = t[t[:, start] >= 0]  # rows still -1: records the kernel did not write (should be none)
+        if len(t):
+            t[:, [start, end]] -= int(t[:, start].min())
+        entry["parts"] = timeline_data.parts_from_rows(t.tolist(), columns, k)
+        entry["grid"] = len({p[timeline_data.CTA] for p in entry["parts"]})
+        entry["cluster_size"] = cluster_size(name, m)
+        seconds, _ = _measure(lambda i, name=name: pm.matmul(a, b, kernel=name, out=out))
+        entry["ms"] = seconds * 1e3
     result["environment"] = environment()
+    problems = timeline_data.timeline_problems(result)
+    if problems:
+        result["error"] = "the timeline fails its sanity check: " + "; ".join(problems)
     return result

@@ -1,12 +1,15 @@
-"""Record the Space's results on a real GPU: the default benchmark and the default timeline.
+"""Record the Space's results on a real GPU: the benchmark, and a timeline of every pair at every shape preset.
 
-    LOCAL_KERNELS="persistent-matmul/persistent-matmul=$PWD" python space/record.py [--out DIR]
+    LOCAL_KERNELS="persistent-matmul/persistent-matmul=$PWD" python space/record.py [--out DIR] [--skip-benchmark]
 
-Runs ``gpu_work.run_benchmark`` (every rung, the square sweep and the LLM shapes,
-bfloat16, plus the fp32 rungs in float32 on the square sweep) and
-``gpu_work.run_timeline`` (the default timeline shape), and writes
-``benchmark.json`` and ``timeline.safetensors`` to ``--out`` (default
-``space/recorded/``), which the app shows when it has no GPU.
+Runs ``gpu_work.run_benchmark`` (every rung: the square sweep and the LLM shapes in
+bfloat16, float16 and float32 on the square sweep, and the Llama-3-8B and -70B
+projection presets in the model layout, bfloat16) and ``gpu_work.run_timeline``
+(every kernel of the Timeline tab's pairs at each of its shape presets; the replay
+is drawn from the same data), and writes ``benchmark.json`` and
+``timelines/<MxNxK>.safetensors`` to ``--out`` (default ``space/recorded/``), which
+the app shows when it has no GPU. A timeline that fails ``timeline_data``'s sanity
+check is reported and not written.
 """
 
 from __future__ import annotations
@@ -19,39 +22,28 @@ from pathlib import Path
 # Run as `python space/record.py`, so space/ leads sys.path, as it does for app.py on the Hub.
 import gpu_work
 import recorded
+import timeline_data
 import validation
+
+BENCHMARK_RUNS = (  # (dtype, preset)
+    ("bfloat16", "square sweep 512..8192"), ("bfloat16", "LLM shapes"),
+    ("float16", "square sweep 512..8192"), ("float32", "square sweep 512..8192"),
+    *(("bfloat16", name) for name in validation.PRESETS if validation.weights_layout(name)),
+)
 
 
 def timeline_problems(result: dict) -> list[str]:
-    """What is wrong with a recorded timeline, if anything."""
-    cfg, sms = result["tile_config"], result["sm_count"]
-    tiles_m = -(-result["shape"][0] // cfg["block_m"])
-    tiles_n = -(-result["shape"][1] // cfg["block_n"])
-    expected = sorted((i, j) for i in range(tiles_m) for j in range(tiles_n))
-    problems = []
-    for name, kern in result["kernels"].items():
-        rows = kern["rows"]
-        if sorted((r[0], r[1]) for r in rows) != expected:
-            problems.append(f"{name}: tiles not each exactly once")
-        if any(r[4] >= r[5] for r in rows):
-            problems.append(f"{name}: a tile with start >= end")
-        if any(not 0 <= r[2] < sms for r in rows):
-            problems.append(f"{name}: an SM id outside 0..{sms - 1}")
-    persistent = result["kernels"].get("persistent")
-    if persistent and persistent["grid"] != cfg["persistent_ctas"]:
-        problems.append(f"persistent: {persistent['grid']} CTAs ran, tile_config says {cfg['persistent_ctas']}")
+    """What is wrong with a recorded timeline, if anything: timeline_data's check, and
+    the persistent rungs' CTA count against the tile_config's."""
+    problems = timeline_data.timeline_problems(result)
+    for name in ("persistent", "wgmma_persistent"):
+        kern = result["kernels"].get(name)
+        if kern and kern["parts"] and kern["grid"] > kern["tile_config"]["persistent_ctas"]:
+            problems.append(f"{name}: {kern['grid']} CTAs ran, tile_config says {kern['tile_config']['persistent_ctas']}")
     return problems
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=recorded.recorded_dir())
-    args = parser.parse_args()
-    info = gpu_work.device_info()
-    if info["gpu"] is None or not info["kernel_loaded"]:
-        print(f"record.py needs a CUDA GPU and the kernel: {info['message']}; {info['kernel']}", file=sys.stderr)
-        return 2
-    print(f"{info['gpu']} ({info['sm_count']} SMs); kernel: {info['kernel']}", flush=True)
+def record_benchmark(out: Path) -> int:
     # The page's default selection first, timed: the Space promises it finishes in seconds.
     start = time.monotonic()
     default = gpu_work.run_benchmark(["tiled", "persistent"], "bfloat16", validation.PRESETS[validation.DEFAULT_PRESET])
@@ -59,35 +51,62 @@ def main() -> int:
           f"{time.monotonic() - start:.1f} s{' error: ' + default['error'] if default['error'] else ''}", flush=True)
     rungs = gpu_work.kernel_rungs()
     rows, env = [], None
-    for dtype, preset in (("bfloat16", "square sweep 512..8192"), ("bfloat16", "LLM shapes"),
-                          ("float16", "square sweep 512..8192"), ("float32", "square sweep 512..8192")):
-        result = gpu_work.run_benchmark(rungs, dtype, validation.PRESETS[preset])
+    for dtype, preset in BENCHMARK_RUNS:
+        shapes = validation.PRESETS[preset]
+        layout = validation.weights_layout(preset)
+        start = time.monotonic()
+        result = gpu_work.run_benchmark(rungs, dtype, shapes, layout)
+        print(f"benchmark {dtype} {preset}: {time.monotonic() - start:.1f} s (estimate for ZeroGPU: "
+              f"{gpu_work.benchmark_seconds(rungs, dtype, shapes, layout)} s)", flush=True)
         if result["error"]:
             print(f"benchmark {dtype} {preset}: {result['error']}", file=sys.stderr)
             return 1
         rows += result["rows"]
         env = result["environment"]
         for r in result["rows"]:
-            print(f"{r['m']}x{r['n']}x{r['k']} {dtype:8} {r['rung']:10} "
-                  + (f"{r['tflops']:7.1f} TFLOP/s  x{r['ratio_vs_cublas']:.2f}  err {r['rel_error']:.1e}"
-                     if r["tflops"] else r["note"]), flush=True)
-    path = recorded.save_benchmark({"environment": env, "rows": rows}, args.out)
-    print(f"wrote {path}")
-    m, n, k = validation.DEFAULT_TIMELINE_SHAPE
-    result = gpu_work.run_timeline(m, n, k)
-    if result["error"]:
-        print(f"timeline: {result['error']}", file=sys.stderr)
-        return 1
-    problems = timeline_problems(result)
-    for name, kern in result["kernels"].items():
-        print(f"timeline {name}: {len(kern['rows'])} tiles, grid {kern['grid']}, {kern['ms']} ms {kern['note']}")
-    print("timeline sanity checks: " + ("; ".join(problems) if problems else "every tile exactly once, start < end, "
-          "SM ids < SM count, persistent grid = tile_config's persistent_ctas"))
-    if problems:
-        return 1
-    path = recorded.save_timeline(result, args.out)
-    print(f"wrote {path}")
+            print(f"{r['m']}x{r['n']}x{r['k']} {dtype:8} {r['rung']:16} "
+                  + (f"{r['tflops']:7.1f} TFLOP/s  x{r['ratio_vs_cublas']:.2f}  graph {r.get('graph_ms')} ms  "
+                     f"host {r.get('host_us')} us  err {r['rel_error']:.1e} {r['note']}" if r["tflops"] else r["note"]),
+                  flush=True)
+    print(f"wrote {recorded.save_benchmark({'environment': env, 'rows': rows}, out)}")
     return 0
+
+
+def record_timelines(out: Path) -> int:
+    failed = 0
+    for preset, (m, n, k) in validation.TIMELINE_PRESETS.items():
+        start = time.monotonic()
+        result = gpu_work.run_timeline(m, n, k, validation.TIMELINE_KERNELS)
+        print(f"timeline {preset}: {time.monotonic() - start:.1f} s (estimate for ZeroGPU: "
+              f"{gpu_work.timeline_seconds(m, n, k, validation.TIMELINE_KERNELS)} s)", flush=True)
+        if result["error"]:
+            print(f"timeline {preset}: {result['error']}", file=sys.stderr)
+            failed += 1
+            continue
+        for name, kern in result["kernels"].items():
+            stats = f"{len(kern['parts'])} parts, grid {kern['grid']}, cluster {kern['cluster_size']}, {kern['ms']} ms"
+            print(f"  {name}: {stats if kern['parts'] else kern['note']}")
+        problems = timeline_problems(result)
+        if problems:
+            print(f"timeline {preset}: sanity checks failed: {'; '.join(problems)}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"  sanity checks passed; wrote {recorded.save_timeline(result, out)}", flush=True)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=recorded.recorded_dir())
+    parser.add_argument("--skip-benchmark", action="store_true", help="record the timelines only")
+    args = parser.parse_args()
+    info = gpu_work.device_info()
+    if info["gpu"] is None or not info["kernel_loaded"]:
+        print(f"record.py needs a CUDA GPU and the kernel: {info['message']}; {info['kernel']}", file=sys.stderr)
+        return 2
+    print(f"{info['gpu']} ({info['sm_count']} SMs); kernel: {info['kernel']}", flush=True)
+    status = 0 if args.skip_benchmark else record_benchmark(args.out)
+    return status or record_timelines(args.out)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,14 @@
 
 ``<dir>/benchmark.json``: ``{"environment": {...}, "rows": [...]}`` as
 ``gpu_work.run_benchmark`` returns them.
-``<dir>/timeline.safetensors``: int64 tensors ``tiled`` and ``persistent``
-([tiles, 6], columns tile_m, tile_n, sm, cta, start_ns, end_ns) with string
-metadata (shape, dtype, date, gpu, sm_count, commit, per-kernel ms and grid,
-tile_config as JSON).
+``<dir>/timelines/<M>x<N>x<K>.safetensors``: one file per shape, as
+``gpu_work.run_timeline`` returns it: an int64 tensor per kernel that ran (one
+row per part, the columns named in the metadata: ``timeline_data.PART_COLUMNS``,
+or ``TILE_COLUMNS`` for builds that record whole tiles) and string metadata
+(shape, dtype, date, gpu, sm_count, commit, versions, and per kernel its ms,
+grid, tile_config, cluster size and note as JSON). Files written before the
+metadata named the kernels (one ``tile_config`` for all, ``<kernel>_ms`` and
+``<kernel>_grid`` keys, whole tiles) read as well.
 
 The directory is env ``PM_RECORDED_DIR``, else ``recorded/`` next to this file.
 """
@@ -16,9 +20,11 @@ import json
 import os
 from pathlib import Path
 
+import timeline_data
+
 BENCHMARK_FILE = "benchmark.json"
-TIMELINE_FILE = "timeline.safetensors"
-TIMELINE_KERNELS = ("tiled", "persistent")
+TIMELINE_DIR = "timelines"
+ENVIRONMENT_KEYS = ("date", "gpu", "commit", "torch", "cuda", "kernel", "sm_clock")
 
 
 def recorded_dir() -> Path:
@@ -48,71 +54,97 @@ def save_benchmark(result: dict, directory: Path | None = None) -> Path:
     return path
 
 
+def shape_key(shape) -> str:
+    """``"MxNxK"``: the name of a shape's timeline file and its key in ``load_timelines``."""
+    return "x".join(str(int(d)) for d in shape)
+
+
 def save_timeline(result: dict, directory: Path | None = None) -> Path:
-    """Write a ``gpu_work.run_timeline`` result as safetensors (tensors + string metadata)."""
+    """Write a ``gpu_work.run_timeline`` result to ``timelines/<MxNxK>.safetensors``,
+    after ``timeline_data.validate`` (a timeline that fails it is not saved)."""
     import torch
     from safetensors.torch import save_file
 
-    directory = directory or recorded_dir()
+    timeline_data.validate(result)
+    directory = (directory or recorded_dir()) / TIMELINE_DIR
     directory.mkdir(parents=True, exist_ok=True)
     env = result.get("environment", {})
-    tensors, metadata = {}, {
-        "shape": "x".join(map(str, result["shape"])),
+    tensors, kernels = {}, {}
+    for name, kern in result["kernels"].items():
+        kernels[name] = {key: kern.get(key) for key in ("grid", "ms", "note", "tile_config", "cluster_size")}
+        if kern.get("parts"):
+            kernels[name]["columns"] = list(timeline_data.PART_COLUMNS)
+            tensors[name] = torch.tensor(kern["parts"], dtype=torch.int64).reshape(-1, len(timeline_data.PART_COLUMNS))
+    metadata = {key: str(env.get(key)) for key in ENVIRONMENT_KEYS} | {
+        "shape": shape_key(result["shape"]),
         "dtype": result["dtype"],
-        "date": str(env.get("date")),
-        "gpu": str(env.get("gpu")),
-        "sm_count": str(result.get("sm_count")),
-        "commit": str(env.get("commit")),
-        "torch": str(env.get("torch")),
-        "cuda": str(env.get("cuda")),
-        "kernel": str(env.get("kernel")),
-        "tile_config": json.dumps(result.get("tile_config", {})),
+        "sm_count": str(result["sm_count"]),
+        "kernels": json.dumps(kernels),
     }
-    for name in TIMELINE_KERNELS:
-        kernel = result["kernels"][name]
-        tensors[name] = torch.tensor(kernel["rows"], dtype=torch.int64).reshape(-1, 6)
-        metadata[f"{name}_ms"] = str(kernel["ms"])
-        metadata[f"{name}_grid"] = str(kernel["grid"])
-    path = directory / TIMELINE_FILE
+    path = directory / f"{shape_key(result['shape'])}.safetensors"
     save_file(tensors, str(path), metadata=metadata)
     return path
 
 
-def load_timeline(directory: Path | None = None) -> dict | None:
-    """The recorded timeline in ``run_timeline``'s format, or None when there is none."""
+def _kernels_of(meta: dict, tensors: dict) -> dict[str, dict]:
+    """Per kernel: grid, ms, note, tile_config, cluster size and columns, from the
+    metadata's ``kernels`` JSON or, in older files, from per-kernel keys."""
+    if "kernels" in meta:
+        return json.loads(meta["kernels"])
+    shared = json.loads(meta.get("tile_config") or "{}")
+    return {name: {"grid": meta.get(f"{name}_grid"), "ms": meta.get(f"{name}_ms"), "note": "",
+                   "tile_config": shared, "cluster_size": 1, "columns": list(timeline_data.TILE_COLUMNS)}
+            for name in tensors}
+
+
+def _number(value, kind):
+    return None if value in (None, "None", "") else kind(value)
+
+
+def load_timeline_file(path: Path) -> dict:
+    """One timeline file in ``run_timeline``'s format, checked by ``timeline_data.validate``;
+    ``{"error": ...}`` when it cannot be read or fails the check."""
     from safetensors import safe_open
 
-    path = (directory or recorded_dir()) / TIMELINE_FILE
-    if not path.is_file():
-        return None
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            tensors = {name: f.get_tensor(name).astype("int64").tolist() for name in f.keys()}
         shape = [int(x) for x in meta["shape"].split("x")]
         kernels = {}
-        for name in TIMELINE_KERNELS:
-            rows = tensors[name].astype("int64").tolist()
-            ms = meta.get(f"{name}_ms")
+        for name, info in _kernels_of(meta, tensors).items():
+            rows = tensors.get(name, [])
+            columns = info.get("columns") or timeline_data.PART_COLUMNS
             kernels[name] = {
-                "rows": rows,
-                "columns": ["tile_m", "tile_n", "sm", "cta", "start_ns", "end_ns"],
-                "grid": int(meta.get(f"{name}_grid") or len({r[3] for r in rows})),
-                "ms": float(ms) if ms not in (None, "None", "") else None,
-                "note": "",
+                "parts": timeline_data.parts_from_rows(rows, columns, shape[2]),
+                "grid": _number(info.get("grid"), int) or len({r[columns.index("cta")] for r in rows}
+                                                                if "cta" in columns else []),
+                "ms": _number(info.get("ms"), float),
+                "note": info.get("note") or "",
+                "tile_config": info.get("tile_config") or {},
+                "cluster_size": int(info.get("cluster_size") or 1),
             }
-        return {
+        result = {
             "shape": shape,
             "dtype": meta.get("dtype", "bfloat16"),
             "sm_count": int(meta["sm_count"]),
-            "tile_config": json.loads(meta.get("tile_config") or "{}"),
             "kernels": kernels,
-            "environment": {key: meta.get(key) for key in ("date", "gpu", "commit", "torch", "cuda", "kernel")}
-            | {"sm_count": meta.get("sm_count")},
+            "environment": {key: meta.get(key) for key in ENVIRONMENT_KEYS if meta.get(key) not in (None, "None")}
+            | {"sm_count": int(meta["sm_count"])},
             "error": None,
         }
+        return timeline_data.validate(result)
     except (OSError, KeyError, ValueError, TypeError) as exc:
         return {"error": f"could not read {path.name}: {type(exc).__name__}: {exc}"}
+
+
+def load_timelines(directory: Path | None = None) -> dict[str, dict]:
+    """Every recorded timeline, keyed by ``"MxNxK"`` (``shape_key``); empty when there are none."""
+    folder = (directory or recorded_dir()) / TIMELINE_DIR
+    found = {}
+    for path in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+        found[path.stem] = load_timeline_file(path)
+    return found
 
 
 def describe(env: dict) -> str:

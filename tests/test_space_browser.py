@@ -1,10 +1,13 @@
 """The Space in a real browser: headless Debian chromium driven by playwright.
 
 Loads the page (placeholder recorded results, as in test_space.py), measures how
-long until it is interactive, runs both tabs' recorded flow, checks a plot image
-and the table are drawn, that bad input shows a warning (not a traceback), and
-saves a screenshot of each tab to env ``PM_SCREENSHOT_DIR`` (default: pytest's
-tmp dir). Never runs ``playwright install``: it uses /usr/bin/chromium.
+long until it is interactive (and holds it to INTERACTIVE_BUDGET_S), runs both
+tabs' recorded flow, checks a plot image and the table are drawn, that bad input
+shows a warning (not a traceback), plays the replay, pauses it, moves its time
+slider and switches shapes and pairs, checking that the frame changes each time,
+makes the replay's GIF, and saves a screenshot of each tab to env
+``PM_SCREENSHOT_DIR`` (default: pytest's tmp dir). Never runs ``playwright
+install``: it uses /usr/bin/chromium.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 from test_space import PLACEHOLDER_GPU, start_app, stop_app, write_placeholders
 
 CHROMIUM = Path("/usr/bin/chromium")
+INTERACTIVE_BUDGET_S = 3.0  # from navigation to a page whose controls answer
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
@@ -70,6 +74,7 @@ def test_page_becomes_interactive(space, page):
     print(f"\npage interactive {load_s:.2f} s after navigation; API ready {ready_s:.1f} s after process start; "
           f"{time.monotonic() - server_start:.1f} s from process start to interactive page")
     assert "Recorded-only mode" in page.locator("#header").inner_text()
+    assert load_s <= INTERACTIVE_BUDGET_S, f"the page took {load_s:.2f} s to become interactive"
 
 
 def test_benchmark_tab(page, screenshot_dir):
@@ -82,7 +87,9 @@ def test_benchmark_tab(page, screenshot_dir):
     table = page.locator("#benchmark-table")
     sync_api.expect(table).to_contain_text("persistent")
     sync_api.expect(table).to_contain_text("cuBLAS")
-    page.screenshot(path=str(screenshot_dir / "benchmark.png"), full_page=True)
+    sync_api.expect(table).to_contain_text("host µs/call")
+    sync_api.expect(page.locator("#benchmark-headline")).to_contain_text("the speed of tiled")
+    page.screenshot(path=str(screenshot_dir / "benchmark-tab.png"), full_page=True)
 
 
 def test_benchmark_bad_input_shows_warning(page):
@@ -94,6 +101,26 @@ def test_benchmark_bad_input_shows_warning(page):
     assert "must be at least 1" in text and "Traceback" not in page.content()
 
 
+def _frame_src(page) -> str:
+    return page.locator("#replay-frame img").get_attribute("src") or ""
+
+
+def _wait_for_new_frame(page, old: str) -> str:
+    """Wait until the replay shows a frame other than ``old``; returns the new one's src."""
+    page.wait_for_function("old => { const img = document.querySelector('#replay-frame img');"
+                           " return img && img.src && img.src !== old; }", arg=old, timeout=30_000)
+    return _frame_src(page)
+
+
+def _slider_value(page) -> float:
+    return float(page.locator("#replay-slider input[type=number]").input_value())
+
+
+def _choose(page, label: str, option: str) -> None:
+    page.get_by_role("combobox", name=label).click()
+    page.get_by_role("option", name=option).click()
+
+
 def test_timeline_tab(page, screenshot_dir):
     page.get_by_role("tab", name="Timeline").click()
     page.locator("#run-timeline").click()
@@ -103,7 +130,58 @@ def test_timeline_tab(page, screenshot_dir):
     sync_api.expect(img).to_be_visible()
     assert img.evaluate("el => el.naturalWidth") > 200
     sync_api.expect(page.locator("#timeline-summary table")).to_contain_text("persistent")
-    page.screenshot(path=str(screenshot_dir / "timeline.png"), full_page=True)
+    sync_api.expect(page.locator("#replay-frame img")).to_be_visible()
+
+
+def test_replay_plays_pauses_and_follows_the_slider(page):
+    first = _frame_src(page)
+    start = time.monotonic()
+    page.locator("#replay-play").click()
+    playing = _wait_for_new_frame(page, first)
+    playing = _wait_for_new_frame(page, playing)  # a second tick: it keeps going
+    print(f"\ntwo replay frames {time.monotonic() - start:.2f} s after Play")
+    page.locator("#replay-pause").click()
+    page.wait_for_timeout(1500)  # a tick already under way may still land
+    paused_at, paused = _slider_value(page), _frame_src(page)
+    assert paused_at > 0
+    page.wait_for_timeout(1500)
+    assert _frame_src(page) == paused and _slider_value(page) == paused_at, "the replay went on after Pause"
+    number = page.locator("#replay-slider input[type=number]")
+    number.fill("0.5")
+    number.press("Tab")  # leaving the box releases the slider
+    moved = _wait_for_new_frame(page, paused)
+    number.fill(str(paused_at))
+    number.press("Tab")
+    assert _wait_for_new_frame(page, moved) == paused, "the same time drew a different frame"
+
+
+def test_switching_shape_and_pair_changes_the_frame(page, screenshot_dir):
+    number = page.locator("#replay-slider input[type=number]")
+    number.fill("2")
+    number.press("Tab")
+    before = _wait_for_new_frame(page, _frame_src(page))
+    _choose(page, "Shape", "aligned: 4096x4096x4096")
+    sync_api.expect(page.locator("#timeline-summary")).to_contain_text("4096x4096x4096")
+    other_shape = _wait_for_new_frame(page, before)
+    assert _slider_value(page) == 0  # a new run starts at its beginning
+    _choose(page, "Kernels", "wgmma vs wgmma_persistent")
+    sync_api.expect(page.locator("#timeline-summary")).to_contain_text("wgmma_persistent")
+    _wait_for_new_frame(page, other_shape)
+    _choose(page, "Shape", "ragged waves: 3000x3000x3000")
+    sync_api.expect(page.locator("#timeline-summary")).to_contain_text("4 (8)")  # split tail: 4 tiles in 8 parts
+    number.fill("3")  # within the wgmma pair's 4 µs
+    number.press("Tab")
+    _wait_for_new_frame(page, _frame_src(page))
+    page.locator("#replay-gif-button").click()
+    sync_api.expect(page.locator("#replay-gif")).to_contain_text(".gif", timeout=60_000)
+    page.screenshot(path=str(screenshot_dir / "timeline-tab.png"), full_page=True)
+    _choose(page, "Shape", "decode: 16x4096x4096")
+    assert "No timeline to show" in _status(page, "timeline-status", "No timeline to show")
+
+
+def test_timeline_bad_input_shows_warning(page):
+    _choose(page, "Shape", "custom (M, N, K below)")
     page.locator("#timeline-m textarea").fill("abc")
     page.locator("#run-timeline").click()
     assert "is not a number" in _status(page, "timeline-status", "⚠️")
+    assert "Traceback" not in page.content()

@@ -22,6 +22,8 @@ pytest.importorskip("safetensors")
 def test_gpu_work_on_gpu(monkeypatch, tmp_path):
     """On a GPU: a small benchmark and timeline, and both round-trip through the recorded files."""
     monkeypatch.setenv("LOCAL_KERNELS", f"{REPO_ID}={REPO}")
+    import torch
+
     import gpu_work
     import recorded
 
@@ -34,15 +36,23 @@ def test_gpu_work_on_gpu(monkeypatch, tmp_path):
         r = rows[(256, rung)]
         assert r["tflops"] > 0 and r["rel_error"] < 1e-2, r
     assert rows[(256, "warptiled")]["tflops"] is None and "float32" in rows[(256, "warptiled")]["note"]
+    assert all(rows[(256, r)]["graph_ms"] > 0 and rows[(256, r)]["host_us"] > 0 for r in ("cuBLAS", "tiled"))
+    weights = gpu_work.run_benchmark(["tiled", "splitk"], "bfloat16", [(16, 4096, 4096)], weights_layout=True)
+    assert all(r["layout"] == "weights" and r["rel_error"] < 1e-2 for r in weights["rows"]), weights["rows"]
     timeline = gpu_work.run_timeline(1024, 1024, 256)
-    assert timeline["error"] is None
-    tiles = timeline["tile_config"]["tiles"]
-    for name in ("tiled", "persistent"):
+    assert timeline["error"] is None  # run_timeline has run timeline_data's sanity check
+    assert timeline["sm_count"] == torch.cuda.get_device_properties(0).multi_processor_count
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    for name in ("tiled", "persistent") + (("wgmma", "wgmma_persistent") if hopper else ()):
         kern = timeline["kernels"][name]
-        assert len(kern["rows"]) == tiles and kern["ms"] > 0
-        assert sorted((r[0], r[1]) for r in kern["rows"]) == sorted({(r[0], r[1]) for r in kern["rows"]})
-    assert timeline["kernels"]["persistent"]["grid"] <= timeline["tile_config"]["persistent_ctas"]
+        assert len({(p[0], p[1]) for p in kern["parts"]}) == kern["tile_config"]["tiles"] and kern["ms"] > 0, name
+        assert kern["grid"] <= max(kern["tile_config"]["persistent_ctas"], kern["tile_config"]["tiles"])
+    if hopper:
+        assert timeline["kernels"]["wgmma_persistent"]["cluster_size"] == 2  # M = 1024: pairs of tile rows
+    else:
+        assert "does not run here" in timeline["kernels"]["wgmma"]["note"]
     recorded.save_benchmark(result, tmp_path)
     recorded.save_timeline(timeline, tmp_path)
     assert recorded.load_benchmark(tmp_path)["rows"] == json.loads(json.dumps(result["rows"]))
-    assert recorded.load_timeline(tmp_path)["kernels"]["tiled"]["rows"] == timeline["kernels"]["tiled"]["rows"]
+    loaded = recorded.load_timelines(tmp_path)["1024x1024x256"]
+    assert loaded["kernels"]["tiled"]["parts"] == timeline["kernels"]["tiled"]["parts"]
