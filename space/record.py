@@ -38,8 +38,9 @@ def timeline_problems(result: dict) -> list[str]:
     problems = timeline_data.timeline_problems(result)
     for name in ("persistent", "wgmma_persistent"):
         kern = result["kernels"].get(name)
-        if kern and kern["parts"] and kern["grid"] > kern["tile_config"]["persistent_ctas"]:
-            problems.append(f"{name}: {kern['grid']} CTAs ran, tile_config says {kern['tile_config']['persistent_ctas']}")
+        ctas = kern and kern["tile_config"].get("persistent_ctas")
+        if kern and kern["parts"] and kern["grid"] > ctas:
+            problems.append(f"{name}: {kern['grid']} CTAs ran, tile_config says {ctas}")
     return problems
 
 
