@@ -6,7 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 JOBS ?= $(shell nproc)
 
-.PHONY: demo test build check clean space
+# The variant this machine builds and the tests load (kernelpress/variants.py lists them all).
+NATIVE_VARIANT := cu130-$(shell uname -m)
+
+.PHONY: demo test build check clean space toolchains variants
 
 $(BIN)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +18,18 @@ $(BIN)/.installed: requirements.txt constraints.txt pyproject.toml
 	touch $@
 
 build: $(BIN)/.installed
+	$(BIN)/kernelpress build --variant $(NATIVE_VARIANT) -j $(JOBS)
+
+# What the other variants need: the aarch64 cross compiler (a Debian package) and the
+# toolchain folders kernelpress downloads (CUDA 12.4, aarch64 libraries; pinned, ~600 MB).
+toolchains: $(BIN)/.installed
+	command -v aarch64-linux-gnu-g++ >/dev/null || (apt-get update && apt-get install -y g++-aarch64-linux-gnu)
+	$(BIN)/kernelpress toolchains --install
+
+# Every variant (cu130 and cu124, x86-64 and aarch64): what `kernelpress publish` wants.
+variants: toolchains
 	$(BIN)/kernelpress build -j $(JOBS)
+	$(BIN)/kernelpress check .
 
 check: build
 	$(BIN)/kernelpress check .
@@ -23,7 +37,8 @@ check: build
 demo: build
 	$(BIN)/python scripts/demo.py
 
-test: check
+# The tests smoke-build the other variants (tests/test_variants.py), hence the toolchains.
+test: check toolchains
 	command -v chromium || (apt-get update && apt-get install -y chromium)
 	$(BIN)/python -m pytest -ra
 

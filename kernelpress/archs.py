@@ -48,6 +48,39 @@ class CudaArch:
         return f"{self.major}.{self.minor}{self.suffix}{'+PTX' if self.ptx else ''}"
 
 
+# The first CUDA release whose nvcc compiles for each compute capability we
+# use (and for the family suffix "f"); capabilities not listed build with any
+# CUDA 12 or 13. A variant built with an older CUDA leaves the newer ones
+# out, as kernel-builder does per toolkit.
+_FIRST_CUDA = {(10, 0): (12, 8), (10, 1): (12, 8), (10, 3): (12, 9), (12, 0): (12, 8), (12, 1): (12, 9)}
+_FIRST_CUDA_FAMILY = (12, 9)
+
+
+def builds_with(arch: CudaArch, cuda: tuple[int, int]) -> bool:
+    """Whether nvcc of CUDA ``cuda`` (major, minor) compiles for ``arch``."""
+    if arch.suffix == "f" and cuda < _FIRST_CUDA_FAMILY:
+        return False
+    return cuda >= _FIRST_CUDA.get((arch.major, arch.minor), (0, 0))
+
+
+def archs_for_cuda(archs: list[str] | tuple[str, ...], cuda: tuple[int, int]) -> list[str]:
+    """The capabilities of a build.toml list that CUDA ``cuda`` builds, in order.
+
+    Where the list's ``+PTX`` capability is too new for that CUDA, the newest
+    plain capability left carries the PTX instead, so GPUs newer than the
+    variant's machine code still get a kernel (compiled by their driver).
+    ``["8.0", "9.0", "10.0", "12.0+PTX"]`` with CUDA 12.4 gives ``["8.0", "9.0+PTX"]``.
+    """
+    parsed = [CudaArch.parse(a) for a in archs]
+    kept = [a for a in parsed if builds_with(a, cuda)]
+    if any(a.ptx for a in parsed) and not any(a.ptx for a in kept):
+        plain = [a for a in kept if not a.suffix]
+        if plain:
+            newest = max(plain, key=lambda a: (a.major, a.minor))
+            kept = [CudaArch(a.major, a.minor, a.suffix, True) if a is newest else a for a in kept]
+    return [str(a) for a in kept]
+
+
 def gencode_flags(archs: list[str] | tuple[str, ...]) -> list[str]:
     return [flag for arch in archs for flag in CudaArch.parse(arch).gencode_flags()]
 

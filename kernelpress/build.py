@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,8 @@ from ninja.ninja_syntax import Writer
 from . import __version__, archs, generate
 from .config import BuildConfig, ConfigError, load_config
 from .source_id import SourceState, op_namespace_id, source_state
-from .toolchain import Toolchain, detect
+from .toolchain import Toolchain, ToolchainError, detect
+from .variants import VARIANTS, Variant, by_name, missing
 
 
 class BuildError(RuntimeError):
@@ -40,30 +40,39 @@ class BuildResult:
     op_id: str
     steps_run: int
     seconds: float
+    library: Path  # the linked extension
 
 
 def variant_name(config: BuildConfig, tc: Toolchain) -> str:
-    system = f"{platform.machine()}-{platform.system().lower()}"
     abi = config.torch.stable_abi_version
     if abi is not None:
-        return f"torch-stable-abi{abi[0]}{abi[1]}-{tc.cuda_tag}-{system}"
+        return stable_variant_name(abi, tc.cuda_version, tc.machine)
     cxx = "cxx11" if tc.torch_cxx11_abi else "cxx98"
-    return f"torch{tc.torch_version[0]}{tc.torch_version[1]}-{cxx}-{tc.cuda_tag}-{system}"
+    return f"torch{tc.torch_version[0]}{tc.torch_version[1]}-{cxx}-{tc.cuda_tag}-{tc.machine}-linux"
+
+
+def stable_variant_name(abi: tuple[int, int], cuda: tuple[int, int], machine: str) -> str:
+    """A stable-ABI variant's directory name, e.g. ``torch-stable-abi210-cu124-aarch64-linux``."""
+    return f"torch-stable-abi{abi[0]}{abi[1]}-cu{cuda[0]}{cuda[1]}-{machine}-linux"
+
+
+def planned_variant_names(config: BuildConfig) -> list[str]:
+    """The directory names of every variant of variants.VARIANTS for this repo
+    (a stable-ABI one: a versioned build's names depend on the torch at hand)."""
+    abi = config.torch.stable_abi_version
+    if abi is None:
+        raise ConfigError("the variant table holds stable-ABI variants; build.toml sets no [torch] stable-abi")
+    return [stable_variant_name(abi, v.cuda, v.machine) for v in VARIANTS]
 
 
 def _rel_obj(src: str) -> str:
     return src.replace("/", "__") + ".o"
 
 
-def _cuda_lib_dir(tc: Toolchain) -> Path:
-    for candidate in (tc.cuda_home / "lib64", tc.cuda_home / "targets" / "x86_64-linux" / "lib"):
-        if (candidate / "libcudart.so").exists():
-            return candidate
-    return tc.cuda_home / "lib64"
-
-
-def write_ninja(config: BuildConfig, tc: Toolchain, work: Path, jobs: int) -> Path:
-    """Write ``work/build.ninja`` for every source of the repo; return the linked library's path."""
+def write_ninja(config: BuildConfig, tc: Toolchain, work: Path, jobs: int,
+                only: tuple[str, ...] | None = None) -> Path:
+    """Write ``work/build.ninja`` for every source of the repo (of the kernel
+    sources, only those in ``only`` when given); return the linked library's path."""
     repo = config.repo
     gen = work / "generated"
     abi = config.torch.stable_abi_version
@@ -93,19 +102,27 @@ def write_ninja(config: BuildConfig, tc: Toolchain, work: Path, jobs: int) -> Pa
     # Fatbins several times smaller than nvcc's default compression (the option
     # exists from CUDA 12.8; drivers for those toolkits read the result).
     compress = ["--compress-mode=size"] if tc.cuda_version >= (12, 8) else []
+    # A cross build compiles the host side of .cu files with the target's compiler.
+    ccbin = ["-ccbin", tc.cxx] if tc.cross else []
     objects = []
     for section in config.kernels:
+        section_archs = section.archs_for(tc.cuda_version)
+        if not section_archs:
+            raise ConfigError(f"[kernel.{section.name}]: CUDA {tc.cuda_version[0]}.{tc.cuda_version[1]} builds "
+                              f"none of its capabilities {list(section.cuda_capabilities)}")
         includes = [f"-I{repo / d}" for d in section.include]
         nvcc_flags = [
-            "-O3", std, "-lineinfo", *compress, "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+            "-O3", std, "-lineinfo", *compress, *ccbin, "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
             f"--threads={jobs}", f"--pre-include={compat_h}", *defines, *includes, *system_includes,
-            *archs.gencode_flags(section.cuda_capabilities), *section.cuda_flags,
+            *archs.gencode_flags(section_archs), *section.cuda_flags,
         ]
         for src in section.compiled_sources:
+            if only is not None and src not in only:
+                continue
             obj = f"obj/{section.name}/{_rel_obj(src)}"
             w.build(obj, "nvcc", str(repo / src), variables={
                 "flags": " ".join(nvcc_flags),
-                "desc": f"nvcc {src}  [{section.name}: {archs.describe(section.cuda_capabilities)}]",
+                "desc": f"nvcc {src}  [{section.name}: {archs.describe(section_archs)}]",
             })
             objects.append(obj)
 
@@ -125,11 +142,12 @@ def write_ninja(config: BuildConfig, tc: Toolchain, work: Path, jobs: int) -> Pa
     torch_libs = ["-ltorch", "-ltorch_cpu"]
     if abi is None:
         torch_libs += ["-lc10", "-ltorch_cuda", "-lc10_cuda"]
+    # libcudart by path: the runtime wheels ship only its versioned name (libcudart.so.12).
     ldflags = [
-        f"-L{tc.torch_lib}", *torch_libs, f"-L{_cuda_lib_dir(tc)}", "-lcudart",
+        f"-L{tc.torch_lib}", *torch_libs, str(tc.cudart),
         "-Wl,--push-state,--no-as-needed", "-ldl", "-Wl,--pop-state",
     ]
-    library = "lib/extension.so"
+    library = "lib/extension.so" if only is None else "lib/smoke.so"
     w.build(library, "link", objects, variables={"ldflags": " ".join(ldflags), "desc": "link extension"})
     w.close()
     return work / library
@@ -172,7 +190,8 @@ def _copy_package(config: BuildConfig, variant_dir: Path) -> None:
         shutil.copy2(path, target)
 
 
-def write_metadata(config: BuildConfig, variant_dir: Path, op_id: str, state: SourceState) -> dict:
+def write_metadata(config: BuildConfig, variant_dir: Path, op_id: str, state: SourceState,
+                   cuda: tuple[int, int]) -> dict:
     """Write metadata.json (digest over the finished variant) and return it."""
     from kernels._rust import Digest, DigestAlgorithm, Metadata
 
@@ -183,7 +202,7 @@ def write_metadata(config: BuildConfig, variant_dir: Path, op_id: str, state: So
         "version": config.version,
         "license": config.license,
         "python-depends": list(config.python_depends),
-        "backend": {"type": "cuda", "archs": config.cuda_archs},
+        "backend": {"type": "cuda", "archs": config.cuda_archs_for(cuda)},
         "digest": {"algorithm": "sha256", "files": dict(sorted(digest.files.items()))},
         "provenance": {"kernel-builder": {"version": f"kernelpress {__version__}"}},
     }
@@ -195,11 +214,24 @@ def write_metadata(config: BuildConfig, variant_dir: Path, op_id: str, state: So
     return metadata
 
 
-def build(repo: Path | str = ".", *, jobs: int | None = None, out=sys.stdout) -> BuildResult:
-    """Build the repo's variant for the installed torch and CUDA toolkit."""
+def build(repo: Path | str = ".", *, variant: Variant | None = None, jobs: int | None = None,
+          only: tuple[str, ...] | None = None, out=sys.stdout) -> BuildResult:
+    """Build the repo's ``variant`` (default: this machine's, with the CUDA toolkit
+    on PATH) into ``build/<variant>/``.
+
+    With ``only`` (kernel sources of build.toml), a smoke build: the binding and
+    those sources are compiled and linked into the work directory's
+    ``lib/smoke.so``, which proves the toolchain and flags, and build/ is left
+    alone (the library lacks the other sources' kernels)."""
     start = time.monotonic()
     config = load_config(repo)
-    tc = detect()
+    if only is not None:
+        known = {src for section in config.kernels for src in section.compiled_sources}
+        unknown = [src for src in only if src not in known]
+        if unknown:
+            raise ConfigError(f"not a kernel source of build.toml: {', '.join(unknown)} "
+                              f"(its sources: {', '.join(sorted(known))})")
+    tc = detect(variant)
     abi = config.torch.stable_abi_version
     if abi is not None and abi > tc.torch_version:
         raise ConfigError(
@@ -207,8 +239,8 @@ def build(repo: Path | str = ".", *, jobs: int | None = None, out=sys.stdout) ->
             f"{tc.torch_version[0]}.{tc.torch_version[1]}: its headers cannot target a newer ABI"
         )
     jobs = jobs or os.cpu_count() or 1
-    variant = variant_name(config, tc)
-    work = config.repo / ".kernelpress" / variant
+    name = variant_name(config, tc)
+    work = config.repo / ".kernelpress" / name
     (work / "generated").mkdir(parents=True, exist_ok=True)
 
     hashed = [config.repo / "build.toml", *(config.repo / s for s in config.torch.src),
@@ -216,24 +248,47 @@ def build(repo: Path | str = ".", *, jobs: int | None = None, out=sys.stdout) ->
     state = source_state(config.repo, hashed)
     op_id = op_namespace_id(config.python_name, "cuda", state)
     generate.write_if_changed(work / "generated" / "registration.h", generate.registration_header(op_id))
-    generate.write_if_changed(work / "generated" / "manylinux_compat.h", generate.MANYLINUX_COMPAT_H)
+    generate.write_if_changed(work / "generated" / "manylinux_compat.h", generate.manylinux_compat_h(tc.machine))
     generate.write_if_changed(work / "generated" / "manylinux_compat.c", generate.MANYLINUX_COMPAT_C)
 
-    print(f"kernelpress: building {config.name} v{config.version} as {variant} (id {op_id}, "
-          f"nvcc {tc.cuda_version[0]}.{tc.cuda_version[1]}, torch {tc.torch_version[0]}."
+    what = "smoke build of " + ", ".join(only) if only is not None else "building"
+    print(f"kernelpress: {what} {config.name} v{config.version} as {name} (id {op_id}, "
+          f"nvcc {tc.cuda_version[0]}.{tc.cuda_version[1]}, {tc.cxx}, torch {tc.torch_version[0]}."
           f"{tc.torch_version[1]}, {jobs} jobs)", file=out, flush=True)
-    library = write_ninja(config, tc, work, jobs)
+    library = write_ninja(config, tc, work, jobs, only)
     steps = run_ninja(tc, work, jobs, out=out)
+    if only is not None:
+        seconds = time.monotonic() - start
+        print(f"kernelpress: linked {library.relative_to(config.repo)} ({steps} step{'s' if steps != 1 else ''} "
+              f"run, {seconds:.1f} s)", file=out, flush=True)
+        return BuildResult(name, library.parent, op_id, steps, seconds, library)
 
-    variant_dir = config.repo / "build" / variant
+    variant_dir = config.repo / "build" / name
     if variant_dir.exists():
         shutil.rmtree(variant_dir)
     variant_dir.mkdir(parents=True)
     _copy_package(config, variant_dir)
     shutil.copy2(library, variant_dir / f"{op_id}.abi3.so")
     (variant_dir / "_ops.py").write_text(generate.ops_py(op_id))
-    write_metadata(config, variant_dir, op_id, state)
+    write_metadata(config, variant_dir, op_id, state, tc.cuda_version)
     seconds = time.monotonic() - start
     print(f"kernelpress: wrote {variant_dir.relative_to(config.repo)} "
           f"({steps} step{'s' if steps != 1 else ''} run, {seconds:.1f} s)", file=out, flush=True)
-    return BuildResult(variant, variant_dir, op_id, steps, seconds)
+    return BuildResult(name, variant_dir, op_id, steps, seconds, variant_dir / f"{op_id}.abi3.so")
+
+
+def build_variants(repo: Path | str = ".", names: list[str] | None = None, *, jobs: int | None = None,
+                   only: tuple[str, ...] | None = None, out=sys.stdout) -> list[BuildResult]:
+    """Build the named variants (short or full names; default: every variant of
+    variants.VARIANTS), one after the other. Every toolchain is looked for
+    first, so a missing one stops the build before anything compiles."""
+    chosen = [by_name(n) for n in names] if names else list(VARIANTS)
+    chosen = list(dict.fromkeys(chosen))
+    problems = [p for v in chosen for p in missing(v)]
+    if problems:
+        raise ToolchainError("missing toolchains:\n  " + "\n  ".join(problems))
+    results = []
+    for i, v in enumerate(chosen, 1):
+        print(f"kernelpress: [{i}/{len(chosen)}] variant {v.name}", file=out, flush=True)
+        results.append(build(repo, variant=v, jobs=jobs, only=only, out=out))
+    return results

@@ -6,8 +6,8 @@ build.toml, build/<variant>/metadata.json, benchmarks/results/<date>-benchmark.m
 * sets the front matter the Hub needs: ``library_name: kernels`` and ``license``
   (build.toml's license, lower-cased as the Hub spells identifiers);
 * points every ``get_kernel("...", version=N)`` at ``repo_id`` and the built version;
-* replaces the ``## Builds`` section with the variants and CUDA archs from metadata.json,
-  and a table of which rung has code for which archs (build.toml's ``[kernel.*]``
+* replaces the ``## Builds`` section with the variants, the torch builds that load each,
+  and their CUDA archs from metadata.json, and a table of which rung has code for which archs (build.toml's ``[kernel.*]``
   sections: a rung is the ``csrc/<rung>.cu`` source of a section);
 * replaces (or appends) a ``## Benchmark`` section with the newest
   ``benchmarks/results/YYYY-MM-DD-benchmark.md`` (the greatest such name: the date leads).
@@ -21,7 +21,9 @@ from pathlib import Path
 
 import yaml
 
+from .check import variant_cuda, variant_machine
 from .config import load_config
+from .variants import serves
 
 FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---\n", re.S)
 BENCHMARK_TABLE = re.compile(r"\d{4}-\d{2}-\d{2}-benchmark\.md")  # benchmarks/results/README.md: the names
@@ -53,11 +55,17 @@ def _replace_section(body: str, title: str, new: str) -> str:
     return body.rstrip("\n") + "\n\n" + new.rstrip("\n") + "\n"
 
 
+def _served(config, name: str) -> str:
+    """Which torch builds load a variant (kernelpress.variants.serves), or "?"."""
+    cuda, machine, abi = variant_cuda(name), variant_machine(name), config.torch.stable_abi_version
+    return serves(cuda, machine, abi) if cuda and machine and abi else "?"
+
+
 def _builds_section(config, variants: dict[str, dict]) -> str:
-    lines = ["## Builds", "", "| variant | CUDA archs | op namespace |", "|---|---|---|"]
+    lines = ["## Builds", "", "| variant | loaded by | CUDA archs | op namespace |", "|---|---|---|---|"]
     for name, meta in variants.items():
         archs = ", ".join(meta.get("backend", {}).get("archs", []))
-        lines.append(f"| `{name}` | {archs} | `{meta.get('id', '?')}` |")
+        lines.append(f"| `{name}` | {_served(config, name)} | {archs} | `{meta.get('id', '?')}` |")
     lines += ["", "Which rung has code for which archs (`+PTX`: PTX as well, for newer GPUs):", "",
               "| rung | kernel section | CUDA archs |", "|---|---|---|"]
     for section in config.kernels:

@@ -1,7 +1,10 @@
 """``kernelpress check``: verify a build before anyone loads or publishes it.
 
 Checks, per variant: the directory layout; metadata.json against the kernels
-package's own parser (and build.toml, when the repo is at hand); the digest;
+package's own parser (and build.toml, when the repo is at hand, with the
+capabilities that the variant's CUDA release builds); the digest; that the
+library is for the machine the variant names (read from its ELF header: a
+library for another machine is never loaded);
 that the op namespace id agrees across metadata, ``_ops.py``, the extension's
 file name and its ``PyInit_`` symbol; ``kernel-abi-check`` (manylinux_2_28 and
 Python limited API 3.9) on every ``.so``; and that every declared CUDA arch has
@@ -172,6 +175,34 @@ def sm90a_summary(so: Path, cuobjdump: Path) -> tuple[Sm90aSummary | None, str |
     return summary, None
 
 
+_ELF_MACHINES = {0x3E: "x86_64", 0xB7: "aarch64"}
+
+
+def elf_machine(path: Path) -> str | None:
+    """The machine an ELF file is for ("x86_64", "aarch64", or "e_machine 0x..."),
+    read from its header: a library built for another machine is checked
+    without ever being loaded. None if the file is not ELF."""
+    with open(path, "rb") as f:
+        header = f.read(20)
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    order = "little" if header[5] == 1 else "big"
+    code = int.from_bytes(header[18:20], order)
+    return _ELF_MACHINES.get(code, f"e_machine {code:#x}")
+
+
+def variant_machine(name: str) -> str | None:
+    """The machine a variant directory's name is for (``...-cu130-aarch64-linux``)."""
+    m = re.search(r"-cu\d+-(\w+?)-linux$", name)
+    return m.group(1) if m else None
+
+
+def variant_cuda(name: str) -> tuple[int, int] | None:
+    """The CUDA release of a variant directory's name: ``cu124`` is (12, 4), ``cu130`` (13, 0)."""
+    m = re.search(r"-cu(\d+)(\d)-", name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def _exported_symbols(so: Path) -> set[str]:
     out = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True)
     return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
@@ -210,6 +241,7 @@ def check_variant(variant_dir: Path, config=None, cuobjdump: Path | None = None)
         add("metadata", False, f"kernels cannot parse metadata.json: {e}")
         return results
     problems = []
+    cuda = variant_cuda(name)
     if config is not None:
         if str(metadata.name) != config.name:
             problems.append(f"name {metadata.name} != build.toml {config.name}")
@@ -217,8 +249,9 @@ def check_variant(variant_dir: Path, config=None, cuobjdump: Path | None = None)
             problems.append(f"version {metadata.version} != build.toml {config.version}")
         if metadata.license != config.license:
             problems.append(f"license {metadata.license} != build.toml {config.license}")
-        if list(metadata.backend.archs or []) != config.cuda_archs:
-            problems.append(f"archs {metadata.backend.archs} != build.toml {config.cuda_archs}")
+        expected = config.cuda_archs_for(cuda) if cuda is not None else config.cuda_archs
+        if list(metadata.backend.archs or []) != expected:
+            problems.append(f"archs {metadata.backend.archs} != build.toml's for this CUDA {expected}")
     if metadata.version is None:
         problems.append("no version")
     add("metadata", not problems, "; ".join(problems) or f"{metadata.name} v{metadata.version}, archs {metadata.backend.archs}")
@@ -251,6 +284,10 @@ def check_variant(variant_dir: Path, config=None, cuobjdump: Path | None = None)
     add("op namespace", not problems, "; ".join(problems) or f"{op_id} in metadata, _ops.py and the .so")
 
     for so in libraries:
+        machine, expected_machine = elf_machine(so), variant_machine(name)
+        add(f"machine ({so.name})", machine is not None and machine == expected_machine,
+            f"{machine or 'not an ELF shared object'}" + ("" if machine == expected_machine
+                                                         else f", the variant name says {expected_machine}"))
         obj = ObjectFile(so)
         manylinux = obj.check_manylinux(MANYLINUX)
         abi3 = obj.check_python_abi(PYTHON_ABI)

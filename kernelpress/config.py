@@ -30,6 +30,12 @@ class KernelSection:
     def compiled_sources(self) -> tuple[str, ...]:
         return tuple(s for s in self.src if s.endswith((".cu", ".cpp", ".cc", ".c")))
 
+    def archs_for(self, cuda: tuple[int, int]) -> list[str]:
+        """This section's capabilities that CUDA ``cuda`` compiles (archs.archs_for_cuda)."""
+        from .archs import archs_for_cuda
+
+        return archs_for_cuda(self.cuda_capabilities, cuda)
+
 
 @dataclass(frozen=True)
 class TorchSection:
@@ -80,6 +86,17 @@ class BuildConfig:
         archs: list[str] = []
         for section in self.kernels:
             for arch in section.cuda_capabilities:
+                if arch not in archs:
+                    archs.append(arch)
+        return archs
+
+    def cuda_archs_for(self, cuda: tuple[int, int]) -> list[str]:
+        """The capabilities a build with CUDA ``cuda`` (major, minor) has, in
+        order of first appearance: each section's that this CUDA compiles
+        (archs.archs_for_cuda)."""
+        archs: list[str] = []
+        for section in self.kernels:
+            for arch in section.archs_for(cuda):
                 if arch not in archs:
                     archs.append(arch)
         return archs

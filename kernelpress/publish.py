@@ -14,9 +14,10 @@ What it does (the layout the Hub expects of a kernel repo; the same steps as
    Space variables ``PM_KERNEL_REPO`` / ``PM_KERNEL_VERSION``, which the Hub exports as
    environment variables and ``space/gpu_work.py: kernel_repo()`` reads.
 
-Before anything is sent, the build must pass ``kernelpress check`` and its metadata must
-not say it was built from a dirty tree (``--force`` publishes a dirty build, with a
-WARNING). Without a token (``HF_TOKEN`` or a stored login) publish is a dry run: it prints
+Before anything is sent, the build must hold every variant kernelpress builds
+(``make variants``; ``--partial`` publishes the variants there are, with a WARNING), pass
+``kernelpress check``, and its metadata must not say it was built from a dirty tree
+(``--force`` publishes a dirty build, with a WARNING). Without a token (``HF_TOKEN`` or a stored login) publish is a dry run: it prints
 the plan and sends nothing. The token is never printed: every message that leaves this
 module goes through ``_redact``.
 """
@@ -83,8 +84,9 @@ def _files_under(root: Path, prefix: str, skip_dirs: tuple[str, ...] = ("__pycac
 
 
 def plan_publish(repo: Path | str, repo_id: str | None = None, space_id: str | None = None,
-                 force: bool = False) -> Plan:
+                 force: bool = False, partial: bool = False) -> Plan:
     """Check the build and collect what would be published; raises PublishError if refused."""
+    from .build import planned_variant_names
     from .check import check_path
     from .config import load_config
 
@@ -99,6 +101,16 @@ def plan_publish(repo: Path | str, repo_id: str | None = None, space_id: str | N
         raise PublishError(f"no build variants in {repo / 'build'} (no build/<variant>/metadata.json): "
                            f"run `kernelpress build {repo}` first")
 
+    warnings = []
+    if config.torch.stable_abi_version is not None:
+        absent = [name for name in planned_variant_names(config) if name not in variants]
+        if absent:
+            what = f"the build lacks variant{'s' if len(absent) > 1 else ''} {', '.join(absent)}"
+            if not partial:
+                raise PublishError(f"{what}: run `make variants` (every variant; `kernelpress toolchains` "
+                                   "lists what they need), or pass --partial to publish the ones built")
+            warnings.append(f"WARNING: {what}; publishing the others (--partial)")
+
     failed = [r for r in check_path(repo) if not r.ok]
     if failed:
         listing = "; ".join(f"{r.variant}: {r.name}: {r.detail}" for r in failed)
@@ -109,7 +121,6 @@ def plan_publish(repo: Path | str, repo_id: str | None = None, space_id: str | N
         raise PublishError(f"variants disagree on the version: {versions}")
     version = next(iter(versions.values()))
 
-    warnings = []
     dirty = [n for n, m in variants.items() if m.get("provenance", {}).get("kernel", {}).get("dirty") is not False]
     if dirty:
         what = f"built from a dirty (or unknown) source tree: {', '.join(dirty)}"
@@ -269,7 +280,7 @@ def publish(plan: Plan, api, out: TextIO | None = None, max_ops: int = MAX_OPS_P
 
 
 def run_publish(repo: Path | str = ".", repo_id: str | None = None, space_id: str | None = None,
-                dry_run: bool = False, force: bool = False, endpoint: str | None = None,
+                dry_run: bool = False, force: bool = False, partial: bool = False, endpoint: str | None = None,
                 max_ops: int = MAX_OPS_PER_COMMIT, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """The CLI's body: plan, then print (dry run) or publish. Returns the exit status."""
     from huggingface_hub import HfApi, get_token
@@ -277,7 +288,7 @@ def run_publish(repo: Path | str = ".", repo_id: str | None = None, space_id: st
     out, err = out or sys.stdout, err or sys.stderr
     token = get_token()
     try:
-        plan = plan_publish(repo, repo_id, space_id, force)
+        plan = plan_publish(repo, repo_id, space_id, force, partial)
         for w in plan.warnings:
             print(w, file=err)
             print(w, file=out)

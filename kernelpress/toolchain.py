@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -26,8 +27,11 @@ class Toolchain:
     torch_version: tuple[int, int]
     torch_cxx11_abi: bool
     torch_include: tuple[Path, ...]
-    torch_lib: Path
+    torch_lib: Path  # libtorch of the target machine
     python_include: Path
+    cudart: Path  # the libcudart the extension links, of the target machine
+    machine: str  # the target machine, as platform.machine() names it
+    cross: bool  # host code compiled for another machine than this one
 
     @property
     def cuda_tag(self) -> str:
@@ -80,28 +84,63 @@ def find_ninja() -> Path:
     return Path(found)
 
 
-def detect() -> Toolchain:
-    """Find every tool a build needs, or raise ToolchainError naming the missing one."""
+def _cudart_in(lib_dirs: list[Path]) -> Path:
+    for directory in lib_dirs:
+        found = sorted(directory.glob("libcudart.so*"))
+        if found:
+            return found[0]
+    raise ToolchainError(f"libcudart not found in {', '.join(str(d) for d in lib_dirs)}")
+
+
+def detect(variant=None) -> Toolchain:
+    """Find every tool a build of ``variant`` (a variants.Variant; default: this
+    machine with the CUDA toolkit on PATH) needs, or raise ToolchainError naming
+    the missing one and how to install it."""
+    from . import variants
+
     try:
         import torch
     except ImportError as e:
         raise ToolchainError("torch is not installed: the build compiles against its headers") from e
-    nvcc = find_nvcc()
+    if variant is not None:
+        try:
+            variants.require(variant)
+        except variants.ToolchainMissing as e:
+            raise ToolchainError(str(e)) from None
+    folder = variant.cuda_folder.path() if variant is not None and variant.cuda_folder else None
+    nvcc = folder / "bin" / "nvcc" if folder else find_nvcc()
+    version = nvcc_version(nvcc)
+    if variant is not None and version != variant.cuda:
+        raise ToolchainError(
+            f"variant {variant.name} needs nvcc {variant.cuda[0]}.{variant.cuda[1]}, but {nvcc} is "
+            f"{version[0]}.{version[1]}: put CUDA {variant.cuda[0]}.{variant.cuda[1]}'s nvcc on PATH or set CUDA_HOME")
+    cuda_home = folder or cuda_home_of(nvcc)
     torch_dir = Path(torch.__file__).parent
     major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     python_include = Path(sysconfig.get_paths()["include"])
     if not (python_include / "Python.h").is_file():
         raise ToolchainError(f"Python headers not found in {python_include}")
+    cross = variant is not None and variant.cross
+    if cross:
+        target_libs = [folder.path() / "lib" for folder in variant.target_folders]
+        torch_lib = next(d for d in target_libs if (d / "libtorch.so").is_file())
+        cudart = _cudart_in(target_libs)
+    else:
+        lib_dirs = [cuda_home / "lib64", cuda_home / "targets" / "x86_64-linux" / "lib"]
+        torch_lib, cudart = torch_dir / "lib", _cudart_in(lib_dirs)
     return Toolchain(
         nvcc=nvcc,
-        cuda_version=nvcc_version(nvcc),
-        cuda_home=cuda_home_of(nvcc),
-        cxx=os.environ.get("CXX", "g++"),
-        cc=os.environ.get("CC", "gcc"),
+        cuda_version=version,
+        cuda_home=cuda_home,
+        cxx=variant.host_cxx if variant is not None else os.environ.get("CXX", "g++"),
+        cc=variant.host_cc if variant is not None else os.environ.get("CC", "gcc"),
         ninja=find_ninja(),
         torch_version=(major, minor),
         torch_cxx11_abi=bool(torch.compiled_with_cxx11_abi()),
         torch_include=(torch_dir / "include", torch_dir / "include" / "torch" / "csrc" / "api" / "include"),
-        torch_lib=torch_dir / "lib",
+        torch_lib=torch_lib,
         python_include=python_include,
+        cudart=cudart,
+        machine=variant.machine if variant is not None else platform.machine(),
+        cross=cross,
     )

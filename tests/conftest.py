@@ -60,25 +60,34 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def variant_dir(repo_root) -> Path:
-    """The repo's variant directory, built by kernelpress first if there is none.
+    """The variant directory this machine's torch loads, as the kernels loader
+    chooses among build/'s (`make variants` puts four there), built by
+    kernelpress first if there is none.
 
     `make test` builds before running pytest, so this normally finds the build.
+    $PM_VARIANT names another variant of build/ to test (scripts/harness/kernel.py).
     """
-    variants = sorted((repo_root / "build").glob("torch-*"))
-    if not variants:
+    from kernels.variants import parse_variant, resolve_variant
+
+    found = {p.name: p for p in (repo_root / "build").glob("torch-*")}
+    if os.environ.get("PM_VARIANT"):
+        assert os.environ["PM_VARIANT"] in found, f"$PM_VARIANT: no such variant in build/ ({sorted(found)})"
+        return found[os.environ["PM_VARIANT"]]
+    if not found:
         from kernelpress.build import build
 
         return build(repo_root, out=sys.stderr).variant_dir
-    assert len(variants) == 1, f"expected one variant in build/, found {variants}"
-    return variants[0]
+    chosen, trace = resolve_variant([parse_variant(name) for name in found])
+    assert chosen is not None, f"no variant in build/ for this torch: {trace}"
+    return found[chosen.variant_str]
 
 
 @pytest.fixture(scope="session")
 def pm(variant_dir):
-    """The persistent_matmul module, loaded from the build with kernels.get_local_kernel."""
+    """The persistent_matmul module, loaded from its variant directory with kernels.get_local_kernel."""
     from kernels import get_local_kernel
 
-    return get_local_kernel(variant_dir.parent)
+    return get_local_kernel(variant_dir)
 
 
 @pytest.fixture

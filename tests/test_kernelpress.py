@@ -184,6 +184,15 @@ def test_check_finds_a_declared_arch_without_sass(variant_copy):
     assert "no compute_120 PTX for 12.0+PTX" in failed["SASS"]
 
 
+def test_check_finds_a_library_for_another_machine(variant_copy):
+    """A variant named for aarch64 whose library is x86-64: read from the ELF
+    header (a foreign library is never loaded)."""
+    foreign = variant_copy.parent / variant_copy.name.replace("cu130-x86_64", "cu130-aarch64")
+    variant_copy.rename(foreign)
+    failed = {r.name.split(" (")[0]: r.detail for r in check_variant(foreign) if not r.ok}
+    assert failed == {"machine": "x86_64, the variant name says aarch64"}
+
+
 def test_check_finds_an_inconsistent_op_namespace(variant_copy):
     so = next(variant_copy.glob("*.so"))
     so.rename(variant_copy / "_tiny_add_cuda_0000000.abi3.so")
@@ -240,9 +249,9 @@ def test_compile_error_is_reported(tmp_path):
     source.write_text(source.read_text() + "\nthis is not C++;\n")
     with pytest.raises(BuildError, match="add_one.cu"):
         quiet_build(repo)
-    out = subprocess.run([sys.executable, "-m", "kernelpress", "build", str(repo)], capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 1 and "kernelpress: error:" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "kernelpress", "build", str(repo), "--variant", "cu130-x86_64"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "kernelpress: error:" in out.stderr and "add_one.cu" in out.stderr
 
 
 def _plain_sm90a_object(folder: Path, name: str, body: str) -> Path:

@@ -85,8 +85,10 @@ def managed(files: dict[str, bytes]) -> dict[str, bytes]:
     return {p: c for p, c in files.items() if p.startswith(("build/", "benchmarks/"))}
 
 
+# The tests publish the variant this machine builds (CI builds only that one in full), so
+# they pass --partial; test_missing_variants_are_refused_unless_partial checks the refusal.
 def publish_cli(capsys, *args) -> tuple[int, str, str]:
-    rc = cli.main(["publish", *map(str, args)])
+    rc = cli.main(["publish", "--partial", *map(str, args)])
     out, err = capsys.readouterr()
     assert TOKEN not in out + err
     return rc, out, err
@@ -94,7 +96,7 @@ def publish_cli(capsys, *args) -> tuple[int, str, str]:
 
 def publish_direct(repo: Path, hub: HubServer, **kw) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    rc = run_publish(repo, repo_id=REPO_ID, endpoint=hub.url, out=out, err=err, **kw)
+    rc = run_publish(repo, repo_id=REPO_ID, endpoint=hub.url, out=out, err=err, **{"partial": True, **kw})
     assert TOKEN not in out.getvalue() + err.getvalue()
     return rc, out.getvalue(), err.getvalue()
 
@@ -279,6 +281,20 @@ def test_missing_build(hub, token, repo_copy):
     assert hub.requests == []
 
 
+def test_missing_variants_are_refused_unless_partial(hub, token, repo_copy, variant_dir):
+    from kernelpress.build import planned_variant_names
+    from kernelpress.config import load_config
+
+    absent = [n for n in planned_variant_names(load_config(repo_copy)) if n != variant_dir.name]
+    assert len(absent) == 3
+    rc, out, err = publish_direct(repo_copy, hub, partial=False)
+    assert rc != 0 and "make variants" in err and "--partial" in err
+    assert all(name in err for name in absent)
+    assert hub.requests == []
+    rc, out, err = publish_direct(repo_copy, hub, partial=True)
+    assert rc == 0 and all(name in err for name in absent) and "WARNING" in err
+
+
 def test_failed_check_is_refused(hub, token, repo_copy, variant_dir):
     ops = repo_copy / "build" / variant_dir.name / "_ops.py"
     ops.write_text(ops.read_text() + "\n# edited\n")
@@ -343,7 +359,8 @@ def test_card_uses_newest_benchmark_and_metadata_archs(repo_copy, variant_dir):
     assert 'get_kernel("someone/else", version=1)' in card
     assert "persistent-matmul/persistent-matmul" not in card.split("## Benchmark")[0]
     archs = json.loads((variant_dir / "metadata.json").read_text())["backend"]["archs"]
-    assert f"| `{variant_dir.name}` | {', '.join(archs)} |" in card
+    assert f"| `{variant_dir.name}` | torch >= 2.10 built with CUDA 13.0 or a newer 13.x, on x86-64 Linux | " \
+           f"{', '.join(archs)} |" in card
     assert "| `persistent` | `portable` |" in card
     bench = card.split("## Benchmark")[1]
     assert "2099-01-01-benchmark.md" in bench and "| 1x1x1 | 42.0 |" in bench and "### Run" in bench
