@@ -10,7 +10,8 @@
 # build folder $BASELINE, scripts/compare_builds.py, output in compare.log), decode_rungs
 # (the skinny-product rungs side by side), model_benchmark (the run of record of
 # scripts/model_benchmark.py) and tp_benchmark (scripts/tp_benchmark.py under torchrun on
-# 2 GPUs; with fewer visible it says so and passes; <date>-tp-benchmark.md/.json).
+# 2 GPUs; with fewer visible it says so and passes; <date>-tp-benchmark.md/.json) and cu124
+# (the CUDA 12.4 variant's GPU tests and benchmarks beside cu130's; needs `make variants`).
 # Environment: BENCH_ARGS, SWEEP_ARGS, COMPARE_ARGS, TP_ARGS (extra arguments), SWEEP_SECONDS (the
 # sweep's time budget), SANITIZE_RUNGS (rungs for memcheck; default all), BASELINE,
 # GPU_TESTS (the test files or folders of gpu_tests; default tests).
@@ -53,8 +54,14 @@ run_step() {
 install_wheels() {
   # The device has no `kernels` package: install the carried wheels into /tmp/site.
   [ -d .whl ] || { echo "no .whl/ folder: using the device's own packages"; return 0; }
+  # Not the CUDA 12 runtime: its `nvidia` package would hide torch's own nvidia.* packages
+  # (the cu124 step unpacks it where only LD_LIBRARY_PATH points).
+  local wheels=()
+  for wheel in .whl/*.whl; do
+    case $wheel in .whl/nvidia_cuda_runtime_cu12-*) ;; *) wheels+=("$wheel") ;; esac
+  done
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
+    --target /tmp/site "${wheels[@]}"
 }
 
 gpu_info() {
@@ -146,6 +153,36 @@ tp_benchmark() {
   NCCL_NVLS_ENABLE=0 NCCL_CUMEM_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
     timeout -k 10 540 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 scripts/tp_benchmark.py \
     --out "$OUT" ${TP_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
+}
+
+# The CUDA 12.4 variant on this machine's CUDA 13 torch: loaded by path ($PM_VARIANT, as the
+# kernels loader would not pick it for this torch), libcudart.so.12 from the carried
+# nvidia-cuda-runtime-cu12 wheel. The GPU tests against it, then it and the cu130 variant,
+# each in processes of its own (they share an op namespace, so they cannot load in one),
+# through the benchmark at 4096^3 and 8192^3 and the model benchmark's shape set at decode
+# M: <date>-variant-cu124/cu130-*.md, ratios to torch.matmul side by side.
+cu124() {
+  local machine cudart=/tmp/cudart12/nvidia/cuda_runtime/lib status=0 wheel
+  machine=$(uname -m)
+  wheel=$(ls .whl/nvidia_cuda_runtime_cu12-*.whl 2>/dev/null | head -n 1)
+  [ -n "$wheel" ] || { echo "cu124: no nvidia-cuda-runtime-cu12 wheel in .whl/ (scripts/fetch_device_wheels.sh)"; return 1; }
+  "$PY" -m zipfile -e "$wheel" /tmp/cudart12
+  [ -d "build/torch-stable-abi210-cu124-$machine-linux" ] || {
+    echo "cu124: no build/torch-stable-abi210-cu124-$machine-linux (make variants builds it)"; return 1; }
+  # shellcheck disable=SC2086  # GPU_TESTS: test paths, word-split on purpose
+  PM_VARIANT="torch-stable-abi210-cu124-$machine-linux" LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" \
+    timeout -k 5 300 "$PY" -m pytest -q -m gpu ${GPU_TESTS:-tests} 2>&1 | tee -a "$OUT/device.log" || status=1
+  for cuda in cu124 cu130; do
+    export PM_VARIANT="torch-stable-abi210-$cuda-$machine-linux"
+    LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" timeout -k 5 240 "$PY" scripts/benchmark_table.py --no-variants \
+      --no-readme --shapes 4096x4096x4096 8192x8192x8192 --dtypes bfloat16 --rounds 5 --out "$OUT" \
+      --tag "variant-$cuda-benchmark" 2>&1 | tee -a "$OUT/device.log" || status=1
+    LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" timeout -k 5 240 "$PY" scripts/model_benchmark.py --parts shapes \
+      --ms 1 2 4 8 16 32 64 128 256 --rounds 3 --out "$OUT" --tag "variant-$cuda-decode" 2>&1 \
+      | tee -a "$OUT/device.log" || status=1
+  done
+  unset PM_VARIANT
+  return $status
 }
 
 # Where each persistent rung's tiles ran, per tile order, at the large square shapes.
@@ -270,6 +307,7 @@ for step in "${STEPS[@]}"; do
     decode_rungs) run_step "skinny rungs side by side" decode_rungs ;;
     model_benchmark) run_step "model benchmark" model_benchmark ;;
     tp_benchmark) run_step "tensor parallelism on 2 GPUs" tp_benchmark ;;
+    cu124) run_step "the CUDA 12.4 variant: GPU tests, benchmark beside cu130" cu124 ;;
     timelines) run_step "tile timelines" timelines ;;
     kernel_times) run_step "GPU time per kernel of a call" kernel_times ;;
     sanitizers) sanitizers ;;

@@ -27,15 +27,29 @@ CLUSTER_VARIANT = "cluster1"
 CLUSTER_SIZES = {"cluster1": 1, "cluster2": 2}
 
 
+# A variant directory of build/ to load instead of the one the kernels loader
+# picks for this torch: measures another variant on the same machine, e.g. the
+# CUDA 12 one under a CUDA 13 torch (with libcudart.so.12 on LD_LIBRARY_PATH).
+VARIANT_ENV = "PM_VARIANT"
+
+
 def load_kernel(repo_root: Path = REPO_ROOT):
     """Load persistent_matmul as users do, from this repo's build.
 
     ``kernels.get_kernel(REPO_ID, version=1)`` with ``LOCAL_KERNELS`` pointing
     at ``repo_root`` (added to the variable if it does not name this repo
-    already), falling back to ``kernels.get_local_kernel(repo_root/"build")``.
-    Returns ``(module, how)`` where ``how`` says which of the two loaded it.
+    already), falling back to ``kernels.get_local_kernel(repo_root/"build")``;
+    with ``$PM_VARIANT`` set, that variant directory of build/, by path.
+    Returns ``(module, how)`` where ``how`` says which loaded it.
     """
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if os.environ.get(VARIANT_ENV):
+        import kernels
+
+        path = repo_root / "build" / os.environ[VARIANT_ENV]
+        if not (path / "metadata.json").is_file():
+            raise FileNotFoundError(f"${VARIANT_ENV}={os.environ[VARIANT_ENV]}: no variant {path}")
+        return kernels.get_local_kernel(path), f"kernels.get_local_kernel({path.name}, ${VARIANT_ENV})"
     overrides = os.environ.get("LOCAL_KERNELS", "")
     if not any(entry.split("=", 1)[0] == REPO_ID for entry in overrides.split(":") if entry):
         entry = f"{REPO_ID}={repo_root}"
