@@ -170,3 +170,12 @@ def test_aarch64_smoke_build_links_a_manylinux_aarch64_library(repo_root, name):
     portable = next(s for s in load_config(repo_root).kernels if "csrc/naive.cu" in s.src)
     _check_library(result.library, "aarch64", portable.archs_for(variant.cuda))
     assert f"PyInit_{result.op_id}" in result.library.read_bytes().decode("latin-1")
+
+
+def test_aarch64_libtorch_is_the_pinned_torch(repo_root):
+    """The aarch64 variants link the libtorch of the torch the project builds against."""
+    pins = [line.strip() for line in (repo_root / "requirements.txt").read_text().splitlines()]
+    torch_pin = next(line for line in pins if line.startswith("torch=="))
+    libtorch = variants.AARCH64_LIBTORCH
+    assert {c.download.requirement for c in libtorch.copies} == {torch_pin}
+    assert libtorch.name == f"aarch64-libtorch-{torch_pin.split('==')[1]}"
