@@ -448,15 +448,24 @@ def test_rows_of_either_layout_become_parts():
 # --------------------------------------------------------------------------- in-process
 
 
-def test_app_without_recorded_results(tmp_path, monkeypatch, pm):
-    """No recorded files: the app still builds and says so instead of failing. The rungs
-    it offers are the kernel's, and each button's outputs are its view's fields in order."""
-    monkeypatch.setenv("PM_RECORDED_DIR", str(tmp_path))
-    monkeypatch.setenv("PM_RECORDED_ONLY", "1")
+def import_app(monkeypatch, recorded_dir, *, recorded_only: bool):
+    """A fresh import of space/app.py: recordings from ``recorded_dir``, the kernel from
+    this repo's build, offline; ``recorded_only`` never measures (PM_RECORDED_ONLY)."""
+    monkeypatch.setenv("PM_RECORDED_DIR", str(recorded_dir))
+    if recorded_only:
+        monkeypatch.setenv("PM_RECORDED_ONLY", "1")
+    else:
+        monkeypatch.delenv("PM_RECORDED_ONLY", raising=False)
     monkeypatch.setenv("LOCAL_KERNELS", f"{REPO_ID}={REPO}")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     sys.modules.pop("app", None)
-    app = importlib.import_module("app")
+    return importlib.import_module("app")
+
+
+def test_app_without_recorded_results(tmp_path, monkeypatch, pm):
+    """No recorded files: the app still builds and says so instead of failing. The rungs
+    it offers are the kernel's, and each button's outputs are its view's fields in order."""
+    app = import_app(monkeypatch, tmp_path, recorded_only=True)
     try:
         assert "no recorded results yet" in app.header_markdown()
         assert app.STATE["rungs"] == list(pm.KERNELS)
@@ -492,12 +501,7 @@ def test_devices_other_than_a_whole_h100(tmp_path, monkeypatch, gpu, sm_count, c
     """A 60-SM H200 slice and an sm_120 GPU: the header gives the device's own SM count
     and which rungs cannot run there and why; the page first selects the best pair
     that runs; a timeline's numbers use the SM count it was recorded with."""
-    monkeypatch.setenv("PM_RECORDED_DIR", str(write_placeholders(tmp_path)))
-    monkeypatch.setenv("LOCAL_KERNELS", f"{REPO_ID}={REPO}")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("PM_RECORDED_ONLY", raising=False)
-    sys.modules.pop("app", None)
-    app = importlib.import_module("app")
+    app = import_app(monkeypatch, write_placeholders(tmp_path), recorded_only=False)
     try:
         hopper_only = {"wgmma", "wgmma_persistent", "wgmma_streamk"}
         rungs = {name: {"available": name in app.STATE["rungs"] and (hopper_rungs or name not in hopper_only),
@@ -529,12 +533,7 @@ def test_default_selection_from_the_recording(tmp_path, monkeypatch):
     import recorded
 
     recorded.save_benchmark(bench, tmp_path)
-    monkeypatch.setenv("PM_RECORDED_DIR", str(tmp_path))
-    monkeypatch.setenv("PM_RECORDED_ONLY", "1")
-    monkeypatch.setenv("LOCAL_KERNELS", f"{REPO_ID}={REPO}")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    sys.modules.pop("app", None)
-    app = importlib.import_module("app")
+    app = import_app(monkeypatch, tmp_path, recorded_only=True)
     try:
         assert app.default_rungs() == ["wgmma", "wgmma_persistent"]
         bench["rows"] = [r for r in bench["rows"] if r["rung"] != "wgmma_persistent"]
@@ -681,12 +680,7 @@ def test_space_card_and_requirements():
 def test_live_handlers_with_stubbed_gpu(tmp_path, monkeypatch):
     """The live branch of both handlers (GPU work stubbed with placeholder results), and a
     failing GPU call giving a message instead of a traceback."""
-    monkeypatch.setenv("PM_RECORDED_DIR", str(tmp_path))
-    monkeypatch.setenv("LOCAL_KERNELS", f"{REPO_ID}={REPO}")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("PM_RECORDED_ONLY", raising=False)
-    sys.modules.pop("app", None)
-    app = importlib.import_module("app")
+    app = import_app(monkeypatch, tmp_path, recorded_only=False)
     try:
         monkeypatch.setitem(app.STATE, "live", True)
         bench = placeholder_benchmark()
