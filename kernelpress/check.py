@@ -192,15 +192,26 @@ def elf_machine(path: Path) -> str | None:
 
 
 def variant_machine(name: str) -> str | None:
-    """The machine a variant directory's name is for (``...-cu130-aarch64-linux``)."""
-    m = re.search(r"-cu\d+-(\w+?)-linux$", name)
-    return m.group(1) if m else None
+    """The machine a variant directory's name is for (``...-cu130-aarch64-linux``), as
+    the kernels package parses it; None for a name it does not parse."""
+    from kernels.variants import parse_variant
+
+    try:
+        return parse_variant(name).arch.platform
+    except (ValueError, AttributeError):
+        return None
 
 
 def variant_cuda(name: str) -> tuple[int, int] | None:
-    """The CUDA release of a variant directory's name: ``cu124`` is (12, 4), ``cu130`` (13, 0)."""
-    m = re.search(r"-cu(\d+)(\d)-", name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    """The CUDA release of a variant directory's name (``cu124``: (12, 4)), as the
+    kernels package parses it; None for a name without one."""
+    from kernels.variants import parse_variant
+
+    try:
+        version = parse_variant(name).arch.backend.version
+        return version.major, version.minor
+    except (ValueError, AttributeError):
+        return None
 
 
 def _exported_symbols(so: Path) -> set[str]:

@@ -104,25 +104,22 @@ def detect(variant=None) -> Toolchain:
         raise ToolchainError("torch is not installed: the build compiles against its headers") from e
     if variant is not None:
         try:
-            variants.require(variant)
+            variants.require(variant)  # the folders, the cross compiler, the CUDA on PATH's release
         except variants.ToolchainMissing as e:
             raise ToolchainError(str(e)) from None
     folder = variant.cuda_folder.path() if variant is not None and variant.cuda_folder else None
     nvcc = folder / "bin" / "nvcc" if folder else find_nvcc()
     version = nvcc_version(nvcc)
-    if variant is not None and version != variant.cuda:
-        raise ToolchainError(
-            f"variant {variant.name} needs nvcc {variant.cuda[0]}.{variant.cuda[1]}, but {nvcc} is "
-            f"{version[0]}.{version[1]}: put CUDA {variant.cuda[0]}.{variant.cuda[1]}'s nvcc on PATH or set CUDA_HOME")
+    # No variant named: this machine's, with whatever CUDA is on PATH.
+    variant = variant or variants.Variant(version, platform.machine(), None)
     cuda_home = folder or cuda_home_of(nvcc)
     torch_dir = Path(torch.__file__).parent
     major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     python_include = Path(sysconfig.get_paths()["include"])
     if not (python_include / "Python.h").is_file():
         raise ToolchainError(f"Python headers not found in {python_include}")
-    cross = variant is not None and variant.cross
-    if cross:
-        target_libs = [folder.path() / "lib" for folder in variant.target_folders]
+    if variant.cross:
+        target_libs = [target.path() / "lib" for target in variant.target_folders]
         torch_lib = next(d for d in target_libs if (d / "libtorch.so").is_file())
         cudart = _cudart_in(target_libs)
     else:
@@ -132,8 +129,8 @@ def detect(variant=None) -> Toolchain:
         nvcc=nvcc,
         cuda_version=version,
         cuda_home=cuda_home,
-        cxx=variant.host_cxx if variant is not None else os.environ.get("CXX", "g++"),
-        cc=variant.host_cc if variant is not None else os.environ.get("CC", "gcc"),
+        cxx=variant.host_cxx,
+        cc=variant.host_cc,
         ninja=find_ninja(),
         torch_version=(major, minor),
         torch_cxx11_abi=bool(torch.compiled_with_cxx11_abi()),
@@ -141,6 +138,6 @@ def detect(variant=None) -> Toolchain:
         torch_lib=torch_lib,
         python_include=python_include,
         cudart=cudart,
-        machine=variant.machine if variant is not None else platform.machine(),
-        cross=cross,
+        machine=variant.machine,
+        cross=variant.cross,
     )
