@@ -179,3 +179,10 @@ def test_aarch64_libtorch_is_the_pinned_torch(repo_root):
     libtorch = variants.AARCH64_LIBTORCH
     assert {c.download.requirement for c in libtorch.copies} == {torch_pin}
     assert libtorch.name == f"aarch64-libtorch-{torch_pin.split('==')[1]}"
+
+
+def test_smoke_build_of_an_unknown_source_names_it(repo_root):
+    from kernelpress.config import ConfigError
+
+    with pytest.raises(ConfigError, match="not a kernel source of build.toml: csrc/nope.cu .*csrc/naive.cu"):
+        build(repo_root, variant=variants.by_name("cu130-x86_64"), only=("csrc/nope.cu",), out=io.StringIO())
