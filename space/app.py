@@ -328,7 +328,10 @@ def replay_frame(data, t):
 
 
 def replay_step(data, t):
-    """A tick while playing: the next moment (slider and frame); at the end, stop the timer."""
+    """A tick while playing: the next moment (slider and frame); at the end, stop the timer.
+
+    Only Play starts the timer: a tick still running when Pause lands leaves it alone
+    (gr.skip()), so it cannot switch the timer back on after Pause."""
     if not data:
         return gr.skip(), gr.skip(), gr.Timer(active=False)
     end = replay.span_us(data["result"], data["kernels"])
@@ -339,7 +342,8 @@ def replay_step(data, t):
         current = 0.0
     nxt = 0.0 if current >= end - step / 2 else min(end, current + step)  # at the end, play starts over
     last = nxt >= end - step / 2
-    return nxt, replay.frame(data["result"], data["kernels"], nxt, data["label"]), gr.Timer(active=not last)
+    return nxt, replay.frame(data["result"], data["kernels"], nxt, data["label"]), (
+        gr.Timer(active=False) if last else gr.skip())
 
 
 def replay_gif(data):

@@ -493,6 +493,28 @@ def test_app_without_recorded_results(tmp_path, monkeypatch, pm):
         sys.modules.pop("app", None)
 
 
+def test_replay_ticks_never_restart_the_timer(tmp_path, monkeypatch):
+    """Only Play starts the replay's timer: a tick leaves it as it is (so one still running
+    when Pause lands cannot switch it back on), and the tick that reaches the end stops it."""
+    app = import_app(monkeypatch, tmp_path, recorded_only=True)
+    try:
+        import replay
+
+        data = {"result": placeholder_timeline((3000, 3000, 3000)), "kernels": ["tiled", "persistent"], "label": "t"}
+        end, t, timers = replay.span_us(data["result"], data["kernels"]), 0.0, []
+        for _ in range(replay.FRAMES - 1):
+            t, image, timer = app.replay_step(data, t)
+            timers.append(timer)
+            assert image.shape[2] == 3
+        assert t == pytest.approx(end)
+        assert all(timer == app.gr.skip() for timer in timers[:-1])
+        assert isinstance(timers[-1], app.gr.Timer) and timers[-1].active is False
+        assert app.replay_step(data, end)[0] == 0.0  # Play at the end starts over
+        assert app.replay_step(None, 0.0)[2].active is False
+    finally:
+        sys.modules.pop("app", None)
+
+
 @pytest.mark.parametrize(("gpu", "sm_count", "capability", "hopper_rungs", "expected"), [
     ("NVIDIA H200 (a 60-SM slice)", 60, "9.0", True, ["wgmma", "wgmma_persistent"]),
     ("NVIDIA RTX PRO 6000 Blackwell", 188, "12.0", False, ["tiled", "persistent"]),

@@ -116,6 +116,20 @@ def _slider_value(page) -> float:
     return float(page.locator("#replay-slider input[type=number]").input_value())
 
 
+def _wait_until_still(page, quiet_ms: int = 1500, timeout_s: float = 15.0) -> tuple[float, str]:
+    """Wait until slider and frame have not changed for ``quiet_ms``; returns them.
+    The tick that was running when Pause was clicked still lands, however slow the machine."""
+    deadline = time.monotonic() + timeout_s
+    last = (_slider_value(page), _frame_src(page))
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(quiet_ms)
+        now = (_slider_value(page), _frame_src(page))
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the replay did not come to rest within {timeout_s:g} s of Pause")
+
+
 def _choose(page, label: str, option: str) -> None:
     page.get_by_role("combobox", name=label).click()
     page.get_by_role("option", name=option).click()
@@ -141,10 +155,9 @@ def test_replay_plays_pauses_and_follows_the_slider(page):
     playing = _wait_for_new_frame(page, playing)  # a second tick: it keeps going
     print(f"\ntwo replay frames {time.monotonic() - start:.2f} s after Play")
     page.locator("#replay-pause").click()
-    page.wait_for_timeout(1500)  # a tick already under way may still land
-    paused_at, paused = _slider_value(page), _frame_src(page)
+    paused_at, paused = _wait_until_still(page)  # a tick already under way may still land
     assert paused_at > 0
-    page.wait_for_timeout(1500)
+    page.wait_for_timeout(2000)
     assert _frame_src(page) == paused and _slider_value(page) == paused_at, "the replay went on after Pause"
     number = page.locator("#replay-slider input[type=number]")
     number.fill("0.5")
