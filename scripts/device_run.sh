@@ -10,7 +10,8 @@
 # build folder $BASELINE, scripts/compare_builds.py, output in compare.log), decode_rungs
 # (the skinny-product rungs side by side), model_benchmark (the run of record of
 # scripts/model_benchmark.py) and tp_benchmark (scripts/tp_benchmark.py under torchrun on
-# 2 GPUs; with fewer visible it says so and passes; <date>-tp-benchmark.md/.json) and cu124
+# 2 GPUs; with fewer visible it says so and passes; <date>-tp-benchmark.md/.json), profile_decode
+# (Nsight Compute on cuBLAS and wgmma_streamk at 1 x 4096 x 4096, ncu_decode.txt) and cu124
 # (the CUDA 12.4 variant's GPU tests and benchmarks beside cu130's; needs `make variants`).
 # Environment: BENCH_ARGS, SWEEP_ARGS, COMPARE_ARGS, TP_ARGS (extra arguments), SWEEP_SECONDS (the
 # sweep's time budget), SANITIZE_RUNGS (rungs for memcheck; default all), BASELINE,
@@ -219,6 +220,22 @@ profile() {
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per" "$OUT/ncu.txt" | head -30
 }
 
+# Nsight Compute at one token (1 x 4096 x 4096, nn.Linear's weight layout): cuBLAS's kernel
+# beside wgmma_streamk's, two launches each after a warm one, into ncu_decode.txt: where the
+# stream-K rung's fixed cost a call goes (launch, first loads, the partial sums at the end).
+profile_decode() {
+  local ncu
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  # The first launches are the operands' normal_ fills and cuBLAS's warm call: skipped.
+  timeout 180 "$ncu" --clock-control none --launch-skip 3 --launch-count 5 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+    --section Occupancy --section LaunchStats \
+    "$PY" scripts/profile_workload.py --k-major-b --repeat 3 --shape 1x4096x4096 torch.matmul wgmma_streamk \
+    >"$OUT/ncu_decode.txt" 2>&1
+  grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|Elapsed Cycles|Grid Size|Registers Per|No Eligible|Issued Warp" \
+    "$OUT/ncu_decode.txt" | head -80
+}
+
 # Nsight Compute on wgmma_persistent with and without 2-CTA clusters at 4096^3:
 # one launch of each after a warm one (the workload runs c2 c2 c1 c1).
 profile_hopper() {
@@ -313,6 +330,7 @@ for step in "${STEPS[@]}"; do
     sanitizers) sanitizers ;;
     profile) run_step "ncu profile" profile ;;
     profile_hopper) run_step "ncu profile, wgmma_persistent clusters" profile_hopper ;;
+    profile_decode) run_step "ncu profile, one token: cuBLAS and wgmma_streamk" profile_decode ;;
     sass) run_step "sm_90a SASS: HGMMA and TMA" sass ;;
     integration) run_step "transformers and diffusers examples, timing" integration ;;
     *) echo "unknown step: $step"; FAILED+=("$step") ;;

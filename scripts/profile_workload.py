@@ -1,6 +1,7 @@
 """A workload for Nsight Compute: a few launches of the named rungs (or rung
 variants, as the benchmark names them: wgmma_persistent-cluster1, persistent-grouped)
 at one shape; "torch.matmul" among them launches cuBLAS's kernel, to profile beside ours.
+--k-major-b gives b nn.Linear's weight layout, which the skinny rungs (splitk, wgmma_streamk) need.
 
     ncu --clock-control none -k regex:"tiled_kernel|persistent_kernel" --launch-skip 2 \\
         python scripts/profile_workload.py --shape 4096x4096x4096 tiled persistent
@@ -49,6 +50,9 @@ def main() -> int:
     parser.add_argument("--row-length", type=int, default=0,
                         help="a, b and out as views into buffers with rows this many elements long "
                              "(the leading dimension; default: contiguous)")
+    parser.add_argument("--k-major-b", action="store_true",
+                        help="b as nn.Linear keeps its weight: the transpose of an N x K matrix (what "
+                             "splitk and wgmma_streamk take)")
     args = parser.parse_args()
     m, n, k = (int(x) for x in args.shape.split("x"))
     if args.row_length and args.row_length < max(k, n):
@@ -62,7 +66,7 @@ def main() -> int:
         return fill(torch.empty(rows, args.row_length, device="cuda", dtype=dtype))[:, :cols]
 
     a = matrix(m, k, lambda t: t.normal_())
-    b = matrix(k, n, lambda t: t.normal_())
+    b = matrix(n, k, lambda t: t.normal_()).t() if args.k_major_b else matrix(k, n, lambda t: t.normal_())
     out = matrix(m, n, lambda t: t)
     def call(rung: str) -> None:  # "torch.matmul" names cuBLAS's kernel, to profile beside ours
         if rung == "torch.matmul":
