@@ -161,7 +161,8 @@ tp_benchmark() {
 # nvidia-cuda-runtime-cu12 wheel. The GPU tests against it, then it and the cu130 variant,
 # each in processes of its own (they share an op namespace, so they cannot load in one),
 # through the benchmark at 4096^3 and 8192^3 and the model benchmark's shape set at decode
-# M: <date>-variant-cu124/cu130-*.md, ratios to torch.matmul side by side.
+# M: <date>-variant-cu124/cu130-*.md, and side by side by their ratios to torch.matmul in
+# <date>-variants.md/.json (scripts/compare_variants.py), the run of record.
 cu124() {
   local machine cudart=/tmp/cudart12/nvidia/cuda_runtime/lib status=0 wheel
   machine=$(uname -m)
@@ -183,6 +184,7 @@ cu124() {
       | tee -a "$OUT/device.log" || status=1
   done
   unset PM_VARIANT
+  "$PY" scripts/compare_variants.py "$OUT" --out "$OUT" 2>&1 | tee -a "$OUT/device.log" || status=1
   return $status
 }
 

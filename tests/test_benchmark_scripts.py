@@ -501,3 +501,35 @@ def test_model_benchmark_times_each_forward_as_a_batch_of_one(monkeypatch):
 
     logits, ms = model_benchmark.time_case(forward, None, graphs=False, iters=7)
     assert ms == 3.0 and len(calls) == 1 + 7 and torch.equal(logits, torch.zeros(2))
+
+
+def test_compare_variants_sets_the_variants_side_by_side(tmp_path, repo_root, subprocess_env):
+    """compare_variants.py pairs each case the two variants measured by its ratio to torch,
+    marks those more than the tolerance apart, and names a missing run."""
+    def benchmark(ratio):
+        return {"environment": {"gpu": "NVIDIA H200", "torch": "2.11"},
+                "rows": [{"m": 4096, "n": 4096, "k": 4096, "dtype": "bfloat16",
+                          "results": {"torch.matmul": {"ratio": 1.0}, "wgmma_persistent": {"ratio": ratio}}}]}
+
+    def decode(graph, eager):
+        return {"shapes": [{"projection": "8B o", "m": 1, "n": 4096, "k": 4096,
+                            "results": {"torch": {}, "auto": {"graph_ratio": graph, "eager_ratio": eager}}}]}
+
+    runs = {"cu124-benchmark": benchmark(0.99), "cu130-benchmark": benchmark(1.00),
+            "cu124-decode": decode(0.90, 0.95), "cu130-decode": decode(0.95, 0.95)}
+    for name, run in runs.items():
+        (tmp_path / f"2026-12-05-variant-{name}.json").write_text(json.dumps(run))
+    out = tmp_path / "results"
+    cmd = [sys.executable, str(SCRIPTS / "compare_variants.py"), str(tmp_path), "--out", str(out)]
+    done = subprocess.run(cmd, cwd=repo_root, env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    md = next(out.glob("*-variants.md")).read_text()
+    assert "| 4096x4096x4096 bfloat16 wgmma_persistent | 0.990 | 1.000 | 0.990 |" in md
+    assert "| 8B o 1x4096x4096 graph | 0.900 | 0.950 | 0.947 **outside** |" in md
+    assert "| 8B o 1x4096x4096 eager | 0.950 | 0.950 | 1.000 |" in md
+    assert "- GPU: NVIDIA H200" in md
+    data = json.loads(next(out.glob("*-variants.json")).read_text())
+    assert set(data["runs"]) == set(runs) and data["tolerance"] == 0.03
+    (tmp_path / "2026-12-05-variant-cu124-decode.json").unlink()
+    done = subprocess.run(cmd, cwd=repo_root, env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "variant-cu124-decode.json" in done.stderr
