@@ -24,7 +24,8 @@ struct MatmulProblem {
   const void* bias = nullptr;  // n elements, contiguous; nullptr for none
   void* out = nullptr;
   int64_t out_stride_m = 0, out_stride_n = 0;
-  // Instrumented launches only: one TileRecord per output tile (see
+  // Instrumented launches only: TileConfig::timeline_rows TileRecords, one
+  // per unit of work (a whole output tile, or a part of one cut in K; see
   // tensor_core_tile.cuh), nullptr for the normal path.
   void* timeline = nullptr;
   // The persistent rungs only: 0 = grouped tile order, 1 = Hilbert, 2 =
@@ -72,6 +73,10 @@ struct TileConfig {
   int64_t block_m = 0, block_n = 0, block_k = 0;
   int64_t tiles = 0;            // output tiles = CTAs of `tiled`
   int64_t persistent_ctas = 0;  // CTAs of `persistent`: what fills the device once
+  // Rows of an instrumented launch's timeline: one per tile, then one per CTA
+  // the launch may run, for the parts of tiles cut in K (at most one a CTA
+  // besides the tiles' own rows; tc::timeline_row).
+  int64_t timeline_rows = 0;
 };
 
 // Each launcher returns the launch error, if any.
@@ -107,6 +112,10 @@ bool splitk_operands_ok(const MatmulProblem& problem);
 // operand rules as splitk (splitk_operands_ok); needs the workspace
 // (`partials`, `partial_flags`, zero flags).
 cudaError_t launch_wgmma_streamk(const MatmulProblem& problem, cudaStream_t stream);
+// wgmma_streamk's tiles are 128 weight rows (output columns, N) by the token
+// tile it launches for M (output rows); its grid depends on K too (k < 1:
+// K deep enough to give every SM work).
+TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device);
 
 // The rows of every wgmma tile (wgmma_launch.cuh checks it).
 constexpr int64_t kWgmmaTileRows = 128;

@@ -125,12 +125,21 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_ke
         for (int j = 0; j < part; ++j) Tile::add_partial(p.partials + (first_slot + j) * Shape::BM * Shape::BN, acc);
       }
       Tile::template store_tile<T>(p, smem, u.tile.m, u.tile.n, staged, acc);
-      if constexpr (TIMELINE) {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          static_cast<tc::TileRecord*>(p.timeline)[int64_t(u.tile.m) * tiles_n + u.tile.n] = {
-              u.tile.m, u.tile.n, tc::sm_id(), blockIdx.x, start, tc::global_timer_ns()};
+    }
+    if constexpr (TIMELINE) {
+      __syncthreads();  // every thread has stored its results, or handed its partial sums over
+      if (threadIdx.x == 0) {
+        int64_t k_begin = 0, k_end = p.k;
+        if constexpr (SPLIT) {
+          // The unit's k-blocks, worked out again rather than kept in
+          // registers across the mainloop.
+          const tc::WorkUnit done = split.unit(index, tiles_m, tiles_n, k_blocks);
+          k_begin = int64_t(done.k_begin) * Shape::BK;
+          k_end = min_i64(int64_t(done.k_end) * Shape::BK, p.k);
         }
+        const int64_t row = tc::timeline_row(u.tile, tiles_m, tiles_n, part < 0 ? -1 : index - split.whole);
+        static_cast<tc::TileRecord*>(p.timeline)[row] = {u.tile.m,    u.tile.n,   k_begin, k_end, tc::sm_id(),
+                                                         blockIdx.x, start, tc::global_timer_ns()};
       }
     }
     if (!more) break;
@@ -202,9 +211,8 @@ cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device
     if (tiles <= grid) return launch_tiled(problem, stream);
     MatmulProblem p = problem;
     if (p.tile_order == int32_t(tc::TileOrder::kSplitTail)) {
-      // The instrumented build records whole tiles: it runs the dynamic order too.
-      if constexpr (!TIMELINE && Shape::BM * Shape::BN >= 128 * 128) {
-        if (splits_tail<Shape>(p, device, tiles, grid)) return launch_kernel<T, Shape, kKMajor, false, true>(p, stream, device, grid);
+      if constexpr (Shape::BM * Shape::BN >= 128 * 128) {
+        if (splits_tail<Shape>(p, device, tiles, grid)) return launch_kernel<T, Shape, kKMajor, TIMELINE, true>(p, stream, device, grid);
       }
       p.tile_order = int32_t(tc::TileOrder::kDynamic);
     }
@@ -231,6 +239,7 @@ TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device) {
     cfg.tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
     constexpr auto kernel = persistent_kernel<__nv_bfloat16, Shape, true, false, false>;
     cfg.persistent_ctas = persistent_grid<kernel>(Shape::THREADS, tc::smem_request<Shape>(device), device, cfg.tiles);
+    cfg.timeline_rows = cfg.tiles + cfg.persistent_ctas;
   };
   tc::with_tile_shape(m, n, device, fill);
   return cfg;

@@ -679,11 +679,26 @@ struct Tile {
   }
 };
 
-// One record of the instrumented builds: which SM ran an output tile, when.
+// One record of the instrumented builds: one unit of work (a whole output
+// tile, or a part of a tile that split tail or stream-K cut in K), the
+// elements [k_begin, k_end) of K it summed ([0, K) for a whole tile), which SM
+// and CTA ran it, and when. A launch has at most tiles + CTAs units, each
+// with a row of its own (timeline_row) in an int64 [tiles + CTAs, 8] tensor;
+// rows no unit writes keep what the caller filled in.
 struct TileRecord {
-  int64_t tile_m, tile_n, sm, cta, start_ns, end_ns;
+  int64_t tile_m, tile_n, k_begin, k_end, sm, cta, start_ns, end_ns;
 };
-static_assert(sizeof(TileRecord) == 6 * sizeof(int64_t), "TileRecord is read as an int64 [tiles, 6] tensor");
+static_assert(sizeof(TileRecord) == 8 * sizeof(int64_t), "TileRecord is read as an int64 [tiles + CTAs, 8] tensor");
+
+// A unit's row: a whole tile's is its linear index tile_m * tiles_n + tile_n;
+// a part's is past every tile's, at tiles + `slot`, a number no other part
+// of the launch has and below the CTA count (split tail: the part's
+// workspace slot, at most one a CTA; stream-K: the CTA whose stretch starts
+// inside the tile). slot < 0: a whole tile (or the part that starts it, in
+// stream-K).
+__device__ __forceinline__ int64_t timeline_row(TileCoord tile, int tiles_m, int tiles_n, int64_t slot) {
+  return slot < 0 ? int64_t(tile.m) * tiles_n + tile.n : int64_t(tiles_m) * tiles_n + slot;
+}
 
 __device__ __forceinline__ int64_t global_timer_ns() {
   uint64_t t;

@@ -31,8 +31,8 @@ __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) tiled_kernel(
   if constexpr (TIMELINE) {
     __syncthreads();
     if (threadIdx.x == 0) {
-      static_cast<tc::TileRecord*>(p.timeline)[int64_t(c.m) * tiles_n + c.n] = {c.m, c.n, tc::sm_id(), t, start,
-                                                                              tc::global_timer_ns()};
+      static_cast<tc::TileRecord*>(p.timeline)[tc::timeline_row(c, tiles_m, tiles_n, -1)] = {
+          c.m, c.n, 0, p.k, tc::sm_id(), t, start, tc::global_timer_ns()};
     }
   }
 }

@@ -145,10 +145,9 @@ cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device
                                                           ceil_div(problem.m, Shape::BM), ceil_div(problem.n, Shape::BN));
     MatmulProblem p = problem;
     if (p.tile_order == int32_t(tc::TileOrder::kSplitTail)) {
-      // The instrumented build records whole tiles: it runs the fallback order too.
-      if constexpr (!TIMELINE && kSplitTailBuilt<CLUSTER, Shape>) {
+      if constexpr (kSplitTailBuilt<CLUSTER, Shape>) {
         if (splits_tail<CLUSTER, Shape>(p, device, ctas)) {
-          return launch_kernel<T, Shape, CLUSTER, kKMajor, false, true>(p, stream, device, maps, ctas);
+          return launch_kernel<T, Shape, CLUSTER, kKMajor, TIMELINE, true>(p, stream, device, maps, ctas);
         }
       }
       p.tile_order = int32_t(CLUSTER == 1 ? tc::TileOrder::kDynamic : tc::TileOrder::kGrouped);
@@ -183,6 +182,10 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
     tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
     cfg.persistent_ctas = persistent_grid<1, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device,
                                                      ceil_div(m, Shape::BM), ceil_div(n, Shape::BN));
+    // A row per SM past the tiles': CTA pairs may run more CTAs than the
+    // single CTAs above (an odd number of tile rows, fewer tiles than SMs),
+    // but never more than one an SM (their shared memory).
+    cfg.timeline_rows = cfg.tiles + tc::sm_count(device);
   };
   if (hopper::use_wide_tile(m, n, tc::sm_count(device))) {
     fill(hopper::WideTile{});

@@ -32,6 +32,7 @@
 #include "hopper_helpers.cuh"
 #include "matmul_problem.h"
 #include "tensor_core_launch.cuh"  // operand layout checks, sm_count, TypeTag, allow_dynamic_smem
+#include "tensor_core_tile.cuh"    // TileRecord, timeline_row, global_timer_ns, sm_id
 
 namespace persistent_matmul {
 namespace {
@@ -143,9 +144,39 @@ __device__ __forceinline__ float4* partial_of(const MatmulProblem& p, int64_t sl
   return reinterpret_cast<float4*>(p.partials + (slot * kTileRows + consumer * 64) * BT);
 }
 
+// The instrumented build's record of a segment, once both consumers are
+// done with it (stored its results, or handed its part over): thread 0
+// writes it, with the start it kept in shared memory. Tile u is token tile
+// u % token_tiles (output rows) and weight tile u / token_tiles (output
+// columns); a segment that starts the tile has the tile's row, the first
+// segment of a stretch that starts inside a tile the row past the tiles'
+// of its CTA (tc::timeline_row). Every consumer thread calls this once per
+// segment, whichever way the segment ended (named barrier 1 holds the 256
+// consumer threads; 2 and 3 are the warpgroups' own).
+template <int BT>
+__device__ __forceinline__ void record_segment(const MatmulProblem& p, const Segment& seg, int64_t token_tiles,
+                                               const int64_t& start) {
+  hopper::named_barrier_sync(1, kConsumerThreads);
+  if (threadIdx.x == 0) {
+    constexpr int kBK = StreamKShape<BT>::BK;
+    const tc::TileCoord tile{int(seg.tile % token_tiles), int(seg.tile / token_tiles)};
+    const int tiles_m = int(token_tiles), tiles_n = int(ceil_div(p.n, kTileRows));
+    const int64_t row = tc::timeline_row(tile, tiles_m, tiles_n, seg.kb_begin == 0 ? -1 : int64_t(blockIdx.x));
+    static_cast<tc::TileRecord*>(p.timeline)[row] = {tile.m,
+                                                     tile.n,
+                                                     int64_t(seg.kb_begin) * kBK,
+                                                     min_i64(int64_t(seg.kb_end) * kBK, p.k),
+                                                     tc::sm_id(),
+                                                     blockIdx.x,
+                                                     start,
+                                                     tc::global_timer_ns()};
+  }
+}
+
 // At most 168 registers a thread: the 9 warps spread over the SM's four
-// register files of 16384, three warps on one.
-template <typename T, int BT>
+// register files of 16384, three warps on one. TIMELINE: the instrumented
+// build, which records each segment (record_segment).
+template <typename T, int BT, bool TIMELINE>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_streamk_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
                          const MatmulProblem p) {
@@ -206,7 +237,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   hopper::RingPosition<Shape::STAGES> ring;
   Stretch stretch(sk);
   Segment seg;
+  __shared__ int64_t segment_start;  // the instrumented build's, kept by thread 0 (record_segment)
   while (stretch.next(seg)) {
+    if constexpr (TIMELINE) {
+      if (threadIdx.x == 0) segment_start = tc::global_timer_ns();
+    }
     // Zeroed here, outside the k-loop's wgmma fences, though the first wgmma
     // overwrites them (scale-d 0): left undefined, ptxas before CUDA 13 lets
     // other instructions define them inside the pipeline and serialises the
@@ -237,6 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t m0 = (seg.tile % token_tiles) * BT;
     if (seg.kb_begin == 0 && seg.kb_end == k_blocks) {  // the whole tile: store it
       store_results<T, BT>(p, n0, m0, d);
+      if constexpr (TIMELINE) record_segment<BT>(p, seg, token_tiles, segment_start);
       continue;
     }
     // A part: hand it over, and count in. The CTAs that share tile u are the
@@ -257,12 +293,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       finisher[consumer] = is_last ? 1 : 0;
     }
     hopper::named_barrier_sync(2 + consumer, 128);
-    if (!*static_cast<volatile int*>(&finisher[consumer])) continue;
+    if (!*static_cast<volatile int*>(&finisher[consumer])) {
+      if constexpr (TIMELINE) record_segment<BT>(p, seg, token_tiles, segment_start);
+      continue;
+    }
     __threadfence();
 #pragma unroll
     for (int i = 0; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
     for (int c = first; c <= last; ++c) hopper::add_partial_sums(d, partial_of<BT>(p, sk.slot(c, u), consumer));
     store_results<T, BT>(p, n0, m0, d);
+    if constexpr (TIMELINE) record_segment<BT>(p, seg, token_tiles, segment_start);
   }
 }
 
@@ -274,28 +314,47 @@ bool make_maps(const MatmulProblem& p, int bt, CUtensorMap* map_w, CUtensorMap* 
          hopper::tensor_map(hopper::matrix_key(p.a, p.m, p.k, p.a_stride_m, uint32_t(bt), kBlockK, bf16), map_x);
 }
 
-template <typename T, int BT>
+// The token tile (BT) a launch takes for M tokens: the narrowest that holds
+// them all, or several tiles of 256 for more tokens.
+int token_tile_for(int64_t m) { return m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 ? 128 : 256; }
+
+// The CTAs of a launch: one an SM (its shared memory), each with at least one
+// work item (a k-block of a tile, as deep at every BT); k < 1 takes K deep
+// enough for every SM.
+constexpr int kItemK = StreamKShape<8>::BK;
+int64_t stream_k_ctas(int64_t tiles, int64_t k, int device) {
+  const int64_t sms = tc::sm_count(device);
+  return k < 1 ? sms : min_i64(tiles * ceil_div(k, kItemK), sms);
+}
+
+template <typename T, int BT, bool TIMELINE>
 cudaError_t launch_typed(const MatmulProblem& p, cudaStream_t stream, int device) {
   using Shape = StreamKShape<BT>;
-  constexpr auto kernel = wgmma_streamk_kernel<T, BT>;
+  constexpr auto kernel = wgmma_streamk_kernel<T, BT, TIMELINE>;
   if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
   CUtensorMap map_w, map_x;
   if (!make_maps(p, BT, &map_w, &map_x)) return cudaErrorInvalidValue;
-  // One CTA an SM (its shared memory), each with at least one work item.
-  const int64_t total = ceil_div(p.n, kTileRows) * ceil_div(p.m, BT) * ceil_div(p.k, Shape::BK);
-  const int64_t ctas = min_i64(total, tc::sm_count(device));
+  const int64_t ctas = stream_k_ctas(ceil_div(p.n, kTileRows) * ceil_div(p.m, BT), p.k, device);
   return hopper::launch_programmatic(kernel, dim3(unsigned(ctas)), dim3(kThreads), Shape::SMEM_BYTES, stream, map_w,
                                      map_x, p);
 }
 
-template <typename T>
+template <typename T, bool TIMELINE>
 cudaError_t launch_for_tokens(const MatmulProblem& p, cudaStream_t stream, int device) {
-  if (p.m <= 8) return launch_typed<T, 8>(p, stream, device);
-  if (p.m <= 16) return launch_typed<T, 16>(p, stream, device);
-  if (p.m <= 32) return launch_typed<T, 32>(p, stream, device);
-  if (p.m <= 64) return launch_typed<T, 64>(p, stream, device);
-  if (p.m <= 128) return launch_typed<T, 128>(p, stream, device);
-  return launch_typed<T, 256>(p, stream, device);  // more tokens: several token tiles
+  switch (token_tile_for(p.m)) {
+    case 8: return launch_typed<T, 8, TIMELINE>(p, stream, device);
+    case 16: return launch_typed<T, 16, TIMELINE>(p, stream, device);
+    case 32: return launch_typed<T, 32, TIMELINE>(p, stream, device);
+    case 64: return launch_typed<T, 64, TIMELINE>(p, stream, device);
+    case 128: return launch_typed<T, 128, TIMELINE>(p, stream, device);
+    default: return launch_typed<T, 256, TIMELINE>(p, stream, device);  // more tokens: several token tiles
+  }
+}
+
+template <typename T>
+cudaError_t launch_for(const MatmulProblem& p, cudaStream_t stream, int device) {
+  return p.timeline != nullptr ? launch_for_tokens<T, true>(p, stream, device)
+                               : launch_for_tokens<T, false>(p, stream, device);
 }
 
 }  // namespace
@@ -307,8 +366,19 @@ cudaError_t launch_wgmma_streamk(const MatmulProblem& problem, cudaStream_t stre
   }
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
-  return problem.dtype == ElementType::kBFloat16 ? launch_for_tokens<__nv_bfloat16>(problem, stream, device)
-                                                 : launch_for_tokens<__half>(problem, stream, device);
+  return problem.dtype == ElementType::kBFloat16 ? launch_for<__nv_bfloat16>(problem, stream, device)
+                                                 : launch_for<__half>(problem, stream, device);
+}
+
+TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device) {
+  TileConfig cfg;
+  cfg.block_m = token_tile_for(m);
+  cfg.block_n = kTileRows;
+  cfg.block_k = kItemK;
+  cfg.tiles = ceil_div(m, cfg.block_m) * ceil_div(n, kTileRows);
+  cfg.persistent_ctas = stream_k_ctas(cfg.tiles, k, device);
+  cfg.timeline_rows = cfg.tiles + cfg.persistent_ctas;
+  return cfg;
 }
 
 }  // namespace persistent_matmul

@@ -295,12 +295,66 @@ __device__ __forceinline__ UnitRole role_of(const SplitTailUnits<CLUSTER, PRODUC
   return tiles.role();
 }
 
+// The instrumented build (TIMELINE) records each unit of the stream (a tile,
+// or a split-tail part of one) from a warp of its own, the producer
+// warpgroup's second (record_units), so that the consumers keep nothing for
+// it in registers: a record kept by a consumer thread, even its start alone
+// in shared memory, made ptxas serialize the wgmmas of the pairs' split-tail
+// kernels of the 256-wide tile (C7511), which have no register to spare. The
+// producer thread notes each unit (its tile, k-blocks and split-tail role)
+// in a ring in shared memory as it starts to load it; the consumers count
+// themselves in at named barrier kUnitStart as they begin a unit and wait at
+// kUnitEnd once it is done (results stored, or partial sums handed over); the
+// recording warp reads the clock as each barrier completes and writes the
+// unit's record. (Barrier 0 is __syncthreads, 2 and 3 the consumer
+// warpgroups' own.)
+constexpr int kUnitStart = 1, kUnitEnd = 4;
+template <typename Shape>
+constexpr int kRecordingThreads = 128 * Shape::CONSUMERS + 32;
+// Notes in the ring: while the recording warp reads the note of unit u, the
+// consumers may run unit u + 1 (they wait at its kUnitEnd for the recording
+// warp), and the producer, at most STAGES k-blocks (so many units) ahead of
+// them, may have noted unit u + STAGES + 2, waiting for a stage to load it.
+constexpr int kUnitNotes = 16;
+struct UnitNote {
+  tc::TileCoord tile;
+  KRange k_blocks;
+  int64_t slot;  // the split-tail part's workspace slot; -1 for a whole tile (tc::timeline_row)
+};
+struct Recording {
+  UnitNote notes[kUnitNotes];
+  int done;  // the consumers have no unit left
+};
+
+// The recording warp: the record of each unit the consumers run, until they
+// have none left.
+template <typename Shape>
+__device__ __forceinline__ void record_units(const MatmulProblem& p, const volatile Recording& recording) {
+  static_assert(kUnitNotes > Shape::STAGES + 2, "a note is read before the producer reuses it");
+  const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
+  for (int unit = 0;; ++unit) {
+    named_barrier_sync(kUnitStart, kRecordingThreads<Shape>);
+    if (recording.done) return;
+    const int64_t start = tc::global_timer_ns();
+    named_barrier_sync(kUnitEnd, kRecordingThreads<Shape>);
+    const int64_t end = tc::global_timer_ns();
+    const volatile UnitNote& note = recording.notes[unit % kUnitNotes];
+    const tc::TileCoord tile{note.tile.m, note.tile.n};
+    if (threadIdx.x % 32 == 0 && tile.m < tiles_m) {  // a tile below the output is not recorded
+      static_cast<tc::TileRecord*>(p.timeline)[tc::timeline_row(tile, tiles_m, tiles_n, note.slot)] = {
+          tile.m, tile.n, int64_t(note.k_blocks.begin) * Shape::BK,
+          min_i64(int64_t(note.k_blocks.end) * Shape::BK, p.k), tc::sm_id(), blockIdx.x, start, end};
+    }
+  }
+}
+
 // Producer: loads every k-block of every tile of the stream (of a split-tail
 // unit: its k-blocks) into the ring.
 // In a cluster of two, CTA `rank` loads half of each B slice and multicasts it.
-template <typename Shape, int CLUSTER, bool B_KMAJOR, typename Tiles>
+// TIMELINE: notes each unit in `recording` first.
+template <typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE, typename Tiles>
 __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, const SharedStages<Shape>& smem,
-                        Tiles tiles, int64_t m, int k_blocks, int rank) {
+                        Tiles tiles, int64_t m, int k_blocks, int rank, volatile Recording* recording) {
   static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two CTAs");
   // K-major B: BN rows of 64 K, loaded as CLUSTER boxes of BN / CLUSTER rows.
   // N-major B: BN / 64 boxes of 64 K rows x 64 N. Each CTA loads its share.
@@ -318,11 +372,25 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
   wait_for_prior_grids();
   RingPosition<Shape::STAGES> ring;
   tc::TileCoord tile;
+  int unit = 0;  // the stream's units so far (TIMELINE)
   while (tiles.next(tile)) {
     // A tile below the output (the second of a cluster's last pair) needs no
     // A: its rows are never stored. Its CTA still sends B to the partner.
     const bool loads_a = int64_t(tile.m) * Shape::BM < m;
     const KRange range = k_range_of(tiles, k_blocks);
+    if constexpr (TIMELINE) {
+      // Read by the recording warp once the consumers are done with the unit,
+      // which they begin after the unit's first stage is loaded (released by
+      // its full barrier).
+      volatile UnitNote& note = recording->notes[unit % kUnitNotes];
+      const UnitRole role = role_of(tiles);
+      note.tile.m = tile.m;
+      note.tile.n = tile.n;
+      note.k_blocks.begin = range.begin;
+      note.k_blocks.end = range.end;
+      note.slot = role.part < 0 ? -1 : role.slot;
+      ++unit;
+    }
     for (int kb = range.begin; kb < range.end; ++kb) {
       mbarrier_wait(&smem.empty[ring.stage], ring.phase ^ 1);  // a fresh barrier passes parity 1
       uint64_t* full = &smem.full[ring.stage];
@@ -440,7 +508,7 @@ __device__ __forceinline__ char* out_buffer(char* staging, int consumer, int box
 }
 __device__ __forceinline__ void claim_box(int consumer) {
   bulk_wait_read<1>();  // every thread: only the leader has stores to wait for, and no branch
-  named_barrier_sync(2 + consumer, 128);  // named barrier of this consumer warpgroup (0: __syncthreads, 1: timeline)
+  named_barrier_sync(2 + consumer, 128);  // named barrier of this consumer warpgroup (0: __syncthreads; 1, 4: timeline)
 }
 template <typename Shape>
 __device__ __forceinline__ void stage_pending_box(char* staging, int consumer, int box,
@@ -728,8 +796,10 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
                                         MakeTiles make_tiles) {
   extern __shared__ char smem_raw[];
   const SharedStages<Shape> smem(smem_raw);
+  __shared__ Recording recording;  // the instrumented build's (record_units)
   const int rank = CLUSTER > 1 ? int(cluster_cta_rank()) : 0;
   if (threadIdx.x == 0) {
+    if constexpr (TIMELINE) recording.done = 0;
     for (int s = 0; s < Shape::STAGES; ++s) {
       mbarrier_init(&smem.full[s], 1);
       mbarrier_init(&smem.empty[s], Shape::CONSUMERS * CLUSTER);
@@ -751,19 +821,20 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
   if (warpgroup == 0) {
     release_registers<Shape::PRODUCER_REGS>();
     if (threadIdx.x == 0) {
-      produce<Shape, CLUSTER, B_KMAJOR>(map_a, map_b, smem, make_tiles(rank, smem.queue, std::true_type{}), p.m,
-                                        k_blocks, rank);
+      produce<Shape, CLUSTER, B_KMAJOR, TIMELINE>(map_a, map_b, smem, make_tiles(rank, smem.queue, std::true_type{}),
+                                                  p.m, k_blocks, rank, &recording);
       // The next programmatic launch in the stream may be scheduled once every
       // CTA's producer is here: its CTAs take SMs as this grid's exit, and
       // wait for it before touching global memory (produce). On the H200 that
       // ran 1.017x the speed of no programmatic launch (8 shapes), against
       // 1.013x when scheduled at the CTAs' end (2026-12-03).
       allow_dependent_grids();
+    } else if (TIMELINE && threadIdx.x / 32 == 1) {
+      record_units<Shape>(p, recording);
     }
   } else {
     claim_registers<Shape::CONSUMER_REGS>();
     const int consumer = warpgroup - 1;
-    const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
     RingPosition<Shape::STAGES> ring;
     PendingStore<Shape> pending;  // the results of the previous tile, while they go out
     const OutputStaging out{map_out, smem.out_staging};
@@ -773,13 +844,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
         std::is_same_v<decltype(tiles), OneTilePerCta> ? Shape::BN / 64 : Shape::BOXES_AT_TILE_END;
     tc::TileCoord tile;
     while (tiles.next(tile)) {
-      // The instrumented build's tile start, kept in shared memory by the one
-      // thread that records the tile: two more registers across the k-loop
-      // made ptxas serialize the wgmmas of the pairs' kernel (C7511).
-      __shared__ int64_t tile_start;
-      if constexpr (TIMELINE) {
-        if (threadIdx.x == 128) tile_start = tc::global_timer_ns();
-      }
+      if constexpr (TIMELINE) named_barrier_arrive(kUnitStart, kRecordingThreads<Shape>);
       float d[Shape::ACCUMULATORS];
       const int width = mma_width<Shape>(p, tile, consumer);
       const KRange range = k_range_of(tiles, k_blocks);
@@ -788,6 +853,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       const UnitRole role = role_of(tiles);
       if (width > 0 && role.part >= 0 && role.part < role.parts - 1) {
         hand_over_partial<Shape>(p, role, consumer, d);  // a part of a tile another unit stores
+        if constexpr (TIMELINE) named_barrier_sync(kUnitEnd, kRecordingThreads<Shape>);
         continue;
       }
       if (width > 0 && role.part > 0) take_over_partials<Shape>(p, role, consumer, d);  // the last part
@@ -801,13 +867,11 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       } else {
         store_tile<T, Shape>(p, tile, consumer, d);
       }
-      if constexpr (TIMELINE) {
-        named_barrier_sync(1, 128 * Shape::CONSUMERS);  // both consumers have the tile's results
-        if (threadIdx.x == 128 && tile.m < tiles_m) {  // not a tile below the output
-          static_cast<tc::TileRecord*>(p.timeline)[int64_t(tile.m) * tiles_n + tile.n] = {
-              tile.m, tile.n, tc::sm_id(), blockIdx.x, tile_start, tc::global_timer_ns()};
-        }
-      }
+      if constexpr (TIMELINE) named_barrier_sync(kUnitEnd, kRecordingThreads<Shape>);
+    }
+    if constexpr (TIMELINE) {  // no unit left: the recording warp stops
+      if (threadIdx.x == 128) recording.done = 1;
+      named_barrier_arrive(kUnitStart, kRecordingThreads<Shape>);
     }
     if (store_by_tma) {
       store_pending_boxes<Shape, kAtEnd, Shape::BN / 64>(out, consumer, pending);  // the last tile's rest

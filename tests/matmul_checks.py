@@ -43,3 +43,56 @@ def check_graph_replays(run, m: int, n: int, k: int, what: str, replays: int = 3
             stream.synchronize()
             assert check_exact(out, a, b) == 0, f"replay {replay}: {what}"
             assert check_exact(eager, a, b) == 0, f"eager call after replay {replay}: {what}"
+
+
+def timeline_parts(pm, kernel: str, timeline: torch.Tensor, m: int, n: int, k: int,
+                   sm_count: int) -> list[list[int]]:
+    """The units of work an instrumented launch of ``kernel`` recorded for an m x n x k
+    product (``pm.matmul_timeline``), as lists in TIMELINE_COLUMNS order, after asserting
+    what every timeline promises:
+
+    - tile_config's timeline_rows rows; those no unit wrote are -1 throughout;
+    - every tile of the grid has parts whose K-ranges [k_begin, k_end) cover [0, K)
+      once, without gap or overlap, and no part lies outside the grid;
+    - each part has start < end, an SM id below ``sm_count`` and a CTA below the grid
+      (the tiles for one CTA per tile, else the rows past the tiles');
+    - a row below the tiles' count holds that tile (tile_m * tiles_n + tile_n), whole or
+      its first part; the rows past them hold parts of tiles cut in K;
+    - a CTA's parts run one after another.
+    """
+    names = tuple(pm.TIMELINE_COLUMNS)
+    col = {c: i for i, c in enumerate(names)}
+    assert names == ("tile_m", "tile_n", "k_begin", "k_end", "sm", "cta", "start_ns", "end_ns")
+    cfg = pm.tile_config(m, n, kernel=kernel, k=k)
+    tiles, rows = cfg["tiles"], cfg["timeline_rows"]
+    tiles_m, tiles_n = -(-m // cfg["block_m"]), -(-n // cfg["block_n"])
+    assert tiles == tiles_m * tiles_n and rows > tiles, cfg
+    t = timeline.cpu()
+    assert tuple(t.shape) == (rows, len(names)) and t.dtype == torch.int64
+    written = t[:, col["start_ns"]] >= 0
+    assert bool((t[~written] == -1).all()), "a row no unit wrote is -1 throughout"
+    ctas = max(tiles, rows - tiles)
+    by_tile: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    parts = []
+    for row in torch.nonzero(written).flatten().tolist():
+        p = t[row].tolist()
+        tile_m, tile_n, k_begin, k_end, sm, cta, start, end = p
+        assert 0 <= tile_m < tiles_m and 0 <= tile_n < tiles_n, f"row {row}: tile outside the grid: {p}"
+        assert 0 <= k_begin < k_end <= k, f"row {row}: K-range outside [0, {k}): {p}"
+        assert start < end, f"row {row}: start >= end: {p}"
+        assert 0 <= sm < sm_count and 0 <= cta < ctas, f"row {row}: SM or CTA out of range: {p}"
+        if row < tiles:
+            assert row == tile_m * tiles_n + tile_n and k_begin == 0, f"row {row} holds another tile: {p}"
+        else:
+            assert k_end - k_begin < k, f"row {row} past the tiles' holds a whole tile: {p}"
+        by_tile.setdefault((tile_m, tile_n), []).append((k_begin, k_end))
+        parts.append(p)
+    assert len(by_tile) == tiles, f"{tiles - len(by_tile)} of {tiles} tiles have no part"
+    for tile, ranges in by_tile.items():
+        ranges.sort()
+        assert ranges[0][0] == 0 and ranges[-1][1] == k and all(
+            a[1] == b[0] for a, b in zip(ranges, ranges[1:])), f"tile {tile}: K-ranges {ranges} do not cover [0, {k}) once"
+    for c in {p[col["cta"]] for p in parts}:
+        mine = sorted((p[col["start_ns"]], p[col["end_ns"]]) for p in parts if p[col["cta"]] == c)
+        assert all(e <= s for (_, e), (s, _) in zip(mine, mine[1:])), f"CTA {c} overlaps its own parts"
+    return parts

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from matmul_checks import (TOLERANCE, check_exact, check_graph_replays, exact_int_bias, exact_int_operands, matmul_error, poison,
-                           random_operands)
+                           random_operands, timeline_parts)
 
 pytestmark = pytest.mark.gpu
 
@@ -127,12 +127,33 @@ def test_split_tail_where_nothing_splits(pm, kernel, m, n, k):
     assert check_exact(out, a, b) == 0
 
 
-def test_split_tail_timeline_records_every_tile(pm):
-    """The instrumented build runs the split-tail order as the dynamic one: whole tiles, each once."""
-    skip_unless_runs(pm, "persistent")
-    a, b = random_operands(2000, 4200, 320, torch.bfloat16, "cuda")
-    out, timeline = pm.matmul_timeline(a, b, kernel="persistent", tile_order="split_tail")
+@pytest.mark.parametrize("kernel", ["persistent", "wgmma_persistent"])
+def test_split_tail_timeline_records_each_part(pm, kernel):
+    """The instrumented build runs the split-tail order too (single CTAs, whose cut
+    split_parts computes): the tiles of the last round each in `parts` K-ranges of
+    whole k-blocks, as tc::SplitTail cuts them, in the rows past the tiles' (one per
+    workspace slot, in order); the other tiles whole, in their own rows; bit-exact."""
+    skip_unless_runs(pm, kernel)
+    m, n, k = 2000, 4200, 1024
+    assert_tiles_are_split(pm, kernel, 1, m, n, k)
+    cfg = pm.tile_config(m, n, kernel=kernel, k=k)
+    tiles, ctas = cfg["tiles"], cfg["persistent_ctas"]
+    parts_per_tile = split_parts(tiles, ctas, k)
+    a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
+    out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
+    timeline = torch.full((cfg["timeline_rows"], 8), -1, dtype=torch.int64, device="cuda")
+    pm._matmul.ops.matmul_out(a, b, None, out, kernel, int(pm.TileOrder.SPLIT_TAIL),
+                              1 if kernel == "wgmma_persistent" else 0, timeline)
     torch.cuda.synchronize()
-    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
-    cfg = pm.tile_config(2000, 4200, kernel="persistent")
-    assert timeline.shape[0] == cfg["tiles"] and bool((timeline[:, 4] < timeline[:, 5]).all())
+    assert check_exact(out, a, b) == 0
+    parts = timeline_parts(pm, kernel, timeline, m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    per_tile: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for p in parts:
+        per_tile.setdefault((p[0], p[1]), []).append((p[2], p[3]))
+    split = {t: sorted(r) for t, r in per_tile.items() if len(r) > 1}
+    k_blocks = -(-k // cfg["block_k"])
+    cut = [(p * k_blocks // parts_per_tile * cfg["block_k"],
+            min((p + 1) * k_blocks // parts_per_tile * cfg["block_k"], k)) for p in range(parts_per_tile)]
+    assert len(split) == tiles % ctas and all(r == cut for r in split.values()), (split, cut)
+    rows = torch.nonzero(timeline[:, 6].cpu() >= 0).flatten().tolist()
+    assert rows[tiles - len(split):] == list(range(tiles, tiles + len(split) * parts_per_tile)), "a row per slot"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from matmul_checks import (TOLERANCE, check_exact, check_graph_replays, exact_int_bias, exact_int_operands, matmul_error, nan_count,
-                           poison, random_operands)
+                           poison, random_operands, timeline_parts)
 
 pytestmark = pytest.mark.gpu
 
@@ -20,8 +20,15 @@ TIMELINE_SHAPES = [(1, 1, 1), (129, 65, 70), (1000, 1000, 1000), (4097, 4097, 25
 
 
 TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent", "hilbert"),
-                 ("persistent", "dynamic"), ("wgmma", "grouped"), ("wgmma_persistent", "grouped"),
-                 ("wgmma_persistent", "hilbert"), ("wgmma_persistent", "dynamic")]
+                 ("persistent", "dynamic"), ("persistent", "split_tail"), ("wgmma", "grouped"),
+                 ("wgmma_persistent", "grouped"), ("wgmma_persistent", "hilbert"), ("wgmma_persistent", "dynamic"),
+                 ("wgmma_persistent", "split_tail"), ("wgmma_streamk", None)]
+# Products whose tiles are cut in K: split tail's last, ragged round (persistent
+# splits the 2000 x 4200 x 1024 tiles' in 4 parts on a 132-SM GPU, wgmma_persistent's
+# CTA pairs the 3000^3 ones in 5), and stream-K's decode shapes (32 tiles of 32
+# k-blocks on 132 SMs: every tile in 4 or 5 parts).
+CUT_RUNS = [("persistent", "split_tail", (2000, 4200, 1024)), ("wgmma_persistent", "split_tail", (3000, 3000, 3000)),
+            ("wgmma_streamk", None, (16, 4096, 4096)), ("wgmma_streamk", None, (1, 4096, 4096))]
 
 
 def more_tiles_than_ctas(pm, kernel, m, n):
@@ -44,38 +51,70 @@ def skip_unless_runs(pm, kernel):
         pytest.skip(f"{kernel}: {info.reason}")
 
 
-@pytest.mark.parametrize("kernel, order", TIMELINE_RUNS, ids=[f"{k}-{o}" for k, o in TIMELINE_RUNS])
+def sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def run_ids(runs) -> list[str]:
+    """Test ids of (kernel, order[, shape]) runs: "kernel-order-MxNxK"."""
+    return ["-".join("x".join(map(str, x)) if isinstance(x, tuple) else str(x) for x in run if x is not None)
+            for run in runs]
+
+
+# Columns of the timeline's rows (pm.TIMELINE_COLUMNS).
+TILE_M, TILE_N, K_BEGIN, K_END, SM, CTA, START, END = range(8)
+
+
+@pytest.mark.parametrize("kernel, order", TIMELINE_RUNS, ids=run_ids(TIMELINE_RUNS))
 @pytest.mark.parametrize("m, n, k", TIMELINE_SHAPES)
 def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
+    """Every tile's parts cover K once, and the CTAs that ran them are the grid
+    tile_config reports (timeline_parts checks the rest)."""
     skip_unless_runs(pm, kernel)
     a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
     out, timeline = pm.matmul_timeline(a, b, kernel=kernel, tile_order=order)
     torch.cuda.synchronize()
     assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
-    cfg = pm.tile_config(m, n, kernel=kernel)
-    rows = timeline.cpu()
-    tile_m, tile_n, sm, cta, start, end = rows.unbind(1)
-    tiles_m, tiles_n = -(-m // cfg["block_m"]), -(-n // cfg["block_n"])
-    assert rows.shape[0] == cfg["tiles"] == tiles_m * tiles_n
-    seen = sorted(zip(tile_m.tolist(), tile_n.tolist()))
-    assert seen == [(i, j) for i in range(tiles_m) for j in range(tiles_n)], "each tile exactly once"
-    assert bool((start < end).all()), "every tile has start < end"
-    assert int(sm.min()) >= 0 and int(sm.max()) < torch.cuda.get_device_properties(0).multi_processor_count
-    ctas = set(cta.tolist())
-    if kernel in PERSISTENT_RUNGS:
+    parts = timeline_parts(pm, kernel, timeline, m, n, k, sm_count())
+    cfg = pm.tile_config(m, n, kernel=kernel, k=k)
+    ctas = {p[CTA] for p in parts}
+    if kernel == "wgmma_streamk":  # every CTA has a stretch of the work
+        assert ctas == set(range(cfg["persistent_ctas"])), "grid = the CTAs tile_config reports"
+    elif kernel in PERSISTENT_RUNGS:
         if order == "grouped":
             assert len(ctas) == cfg["persistent_ctas"] <= cfg["tiles"], "grid = the CTAs tile_config reports"
         else:  # Hilbert strides CTAs over a covering square, dynamic CTAs race: a CTA may get no tile
             assert len(ctas) <= cfg["persistent_ctas"] <= cfg["tiles"]
             assert max(ctas) < cfg["persistent_ctas"], "no CTA beyond the grid tile_config reports"
-        # A CTA's tiles run one after another.
-        for c in ctas:
-            mine = rows[cta == c]
-            order = mine[:, 4].argsort()
-            s, e = mine[order, 4], mine[order, 5]
-            assert bool((s[1:] >= e[:-1]).all()), f"CTA {c} overlaps its own tiles"
     else:
         assert ctas == set(range(cfg["tiles"])), f"{kernel} launches one CTA per tile"
+        assert len(parts) == cfg["tiles"], "whole tiles only"
+
+
+@pytest.mark.parametrize("kernel, order, shape", CUT_RUNS, ids=run_ids(CUT_RUNS))
+def test_timeline_records_the_parts_of_cut_tiles(pm, kernel, order, shape):
+    """Where split tail or stream-K cuts tiles in K, the instrumented build runs that
+    cut and records each part once: the tiles' K-ranges cover K once, parts of one
+    tile run on several SMs, and the product is still right."""
+    skip_unless_runs(pm, kernel)
+    m, n, k = shape
+    b_kmajor = kernel == "wgmma_streamk"  # its weights' layout: B = W.t() for W of N x K
+    a, b = random_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=b_kmajor)
+    out, timeline = pm.matmul_timeline(a, b, kernel=kernel, tile_order=order)
+    torch.cuda.synchronize()
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+    parts = timeline_parts(pm, kernel, timeline, m, n, k, sm_count())
+    per_tile: dict[tuple[int, int], list[list[int]]] = {}
+    for p in parts:
+        per_tile.setdefault((p[TILE_M], p[TILE_N]), []).append(p)
+    cut = [t for t, ps in per_tile.items() if len(ps) > 1]
+    assert cut, "no tile was cut in K"
+    assert any(len({p[CTA] for p in per_tile[t]}) > 1 for t in cut), "no cut tile's parts ran on several CTAs"
+    if kernel == "wgmma_streamk":
+        # Fewer tiles than SMs: every tile is cut, its parts on the CTAs (one an SM)
+        # whose stretches share it.
+        assert len(cut) == len(per_tile), "stream-K cuts every tile here"
+        assert all(len({p[SM] for p in per_tile[t]}) == len(per_tile[t]) for t in cut), "two parts on one SM"
 
 
 def grouped_tile(t: int, tiles_m: int, tiles_n: int) -> tuple[int, int]:
@@ -103,7 +142,7 @@ def test_grouped_order_gives_each_cta_its_strided_tiles(pm, kernel, m, n):
     tiles_m, tiles_n = -(-m // cfg["block_m"]), -(-n // cfg["block_n"])
     grid = cfg["persistent_ctas"]
     assert cfg["tiles"] > grid, cfg  # several tiles a CTA, or the walk is not tested
-    rows = timeline.cpu()
+    rows = torch.tensor(timeline_parts(pm, kernel, timeline, m, n, 64, sm_count()))
     pairs = kernel == "wgmma_persistent" and tiles_m > 1
     for c in range(grid):
         if pairs:
@@ -112,8 +151,8 @@ def test_grouped_order_gives_each_cta_its_strided_tiles(pm, kernel, m, n):
             expected = [(2 * i + c % 2, j) for i, j in stream if 2 * i + c % 2 < tiles_m]
         else:
             expected = [grouped_tile(i, tiles_m, tiles_n) for i in range(c, tiles_m * tiles_n, grid)]
-        mine = rows[rows[:, 3] == c]
-        mine = mine[mine[:, 4].argsort()]
+        mine = rows[rows[:, CTA] == c]
+        mine = mine[mine[:, START].argsort()]
         assert [tuple(t) for t in mine[:, :2].tolist()] == expected, f"CTA {c} of {grid}"
 
 
@@ -298,8 +337,8 @@ def test_persistent_grid_that_holds_every_tile_runs_one_tile_per_cta(pm, order, 
     out, timeline = pm.matmul_timeline(a, b, kernel="persistent", tile_order=order)
     torch.cuda.synchronize()
     assert check_exact(out, a, b) == 0
-    cta = timeline.cpu()[:, 3]
-    assert sorted(cta.tolist()) == list(range(cfg["tiles"])), "one CTA per tile"
+    parts = timeline_parts(pm, "persistent", timeline, m, n, k, sm_count())
+    assert sorted(p[CTA] for p in parts) == list(range(cfg["tiles"])), "one CTA per tile"
 
 
 def test_wgmma_persistent_grid_is_one_cta_per_sm(pm):
@@ -321,8 +360,9 @@ def test_wgmma_persistent_runs_pairs_by_default(pm, m, n):
     out, timeline = pm.matmul_timeline(a, b, kernel="wgmma_persistent")
     torch.cuda.synchronize()
     assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
-    cta = {(int(r[0]), int(r[1])): int(r[3]) for r in timeline.cpu()}
-    assert len(cta) == timeline.shape[0] and min(cta.values()) >= 0
+    parts = timeline_parts(pm, "wgmma_persistent", timeline, m, n, 256, sm_count())
+    cta = {(p[TILE_M], p[TILE_N]): p[CTA] for p in parts}
+    assert len(cta) == len(parts), "whole tiles only (K = 256 is too short to split)"
     for (tile_m, tile_n), c in cta.items():
         assert c % 2 == tile_m % 2, f"tile ({tile_m}, {tile_n}) on CTA {c}"
         partner = (tile_m ^ 1, tile_n)
@@ -411,16 +451,30 @@ def test_overlapping_rows_are_copied(pm, kernel):
     assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
 
 
-@pytest.mark.parametrize("kernel", ["wgmma", "wgmma_persistent"])
-def test_hopper_op_checks_the_timeline_size(pm, kernel):
+@pytest.mark.parametrize("kernel", ["tiled", "persistent", "wgmma", "wgmma_persistent", "wgmma_streamk"])
+def test_op_checks_the_timeline_size(pm, kernel):
+    """The op refuses a timeline of another shape, naming the one it takes: a row per
+    tile and per CTA a launch may run, the 8 columns of TIMELINE_COLUMNS. The rows
+    of the old whole-tile layout ([tiles, 6]) are refused too."""
     skip_unless_runs(pm, kernel)
     a = torch.randn(304, 64, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(64, 304, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(304, 64, device="cuda", dtype=torch.bfloat16).t()
     out = torch.empty(304, 304, device="cuda", dtype=torch.bfloat16)
-    tiles = pm.tile_config(304, 304, kernel=kernel)["tiles"]
-    wrong = torch.zeros(tiles + 1, 6, device="cuda", dtype=torch.int64)
-    with pytest.raises(RuntimeError, match=rf"timeline must be a contiguous int64 tensor of shape \[{tiles}, 6\]"):
-        pm._matmul.ops.matmul_out(a, b, None, out, kernel, 0, 0, wrong)
+    cfg = pm.tile_config(304, 304, kernel=kernel, k=64)
+    rows, tiles = cfg["timeline_rows"], cfg["tiles"]
+    expected = (rf"timeline must be a contiguous int64 tensor of shape \[{rows}, 8\]: a row per tile \({tiles}\) "
+                rf"and per CTA the launch may run \({rows - tiles}\)")
+    for wrong in (torch.zeros(rows + 1, 8, device="cuda", dtype=torch.int64),
+                  torch.zeros(tiles, 6, device="cuda", dtype=torch.int64),
+                  torch.zeros(rows, 8, device="cuda", dtype=torch.int32),
+                  torch.zeros(8, rows, device="cuda", dtype=torch.int64).t()):
+        with pytest.raises(RuntimeError, match=expected):
+            pm._matmul.ops.matmul_out(a, b, None, out, kernel, 0, 0, wrong)
+    right = torch.full((rows, 8), -1, device="cuda", dtype=torch.int64)
+    pm._matmul.ops.matmul_out(a, b, None, out, kernel, 0, 0, right)
+    torch.cuda.synchronize()
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+    timeline_parts(pm, kernel, right, 304, 304, 64, sm_count())
 
 
 def test_tensor_core_rung_rejects_float32(pm):

@@ -22,6 +22,7 @@ from matmul_checks import (
     random_operands,
     reference,
     rel_error,
+    timeline_parts,
 )
 from harness.provenance import git_commit
 
@@ -227,3 +228,53 @@ def test_commit_is_the_builds_own_before_the_checkouts(tmp_path):
     assert git_commit({}, repo) == (head, "git rev-parse HEAD")
     assert git_commit(built, plain) == ("0" * 40, "metadata.json provenance")
     assert git_commit({}, plain)[0] is None
+
+
+class _TimelineKernel:
+    """What timeline_parts asks of the kernel: its columns and a tile configuration."""
+
+    TIMELINE_COLUMNS = ("tile_m", "tile_n", "k_begin", "k_end", "sm", "cta", "start_ns", "end_ns")
+
+    def tile_config(self, m, n, *, kernel, k):
+        return {"block_m": 64, "block_n": 64, "block_k": 64, "tiles": 4, "persistent_ctas": 3, "timeline_rows": 7}
+
+
+def _timeline():
+    """A 128 x 128 x 256 product in 2 x 2 tiles on 3 CTAs: three whole tiles in their own
+    rows, tile (1, 1) cut into two parts in rows 4 and 5; rows 3 and 6 unused (-1)."""
+    rows = torch.full((7, 8), -1, dtype=torch.int64)
+    rows[0] = torch.tensor([0, 0, 0, 256, 0, 0, 0, 10])
+    rows[1] = torch.tensor([0, 1, 0, 256, 1, 1, 0, 10])
+    rows[2] = torch.tensor([1, 0, 0, 256, 2, 2, 0, 10])
+    rows[4] = torch.tensor([1, 1, 0, 128, 0, 0, 10, 15])
+    rows[5] = torch.tensor([1, 1, 128, 256, 1, 1, 10, 15])
+    return rows
+
+
+def _check(rows):
+    return timeline_parts(_TimelineKernel(), "persistent", rows, 128, 128, 256, sm_count=3)
+
+
+def test_timeline_parts_accepts_whole_tiles_and_parts():
+    parts = _check(_timeline())
+    assert len(parts) == 5 and parts[-1] == [1, 1, 128, 256, 1, 1, 10, 15]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda r: r.__setitem__(3, -2), "a row no unit wrote is -1 throughout"),
+    (lambda r: r[0].__setitem__(1, 1), "row 0 holds another tile"),
+    (lambda r: r[4].copy_(torch.tensor([1, 1, 0, 256, 0, 0, 10, 15])), "row 4 past the tiles' holds a whole tile"),
+    (lambda r: r[5].__setitem__(2, 100), r"tile \(1, 1\): K-ranges \[\(0, 128\), \(100, 256\)\] do not cover"),
+    (lambda r: r[5].__setitem__(2, 192), "do not cover"),
+    (lambda r: r[1].__setitem__(7, 0), "row 1: start >= end"),
+    (lambda r: r[1].__setitem__(4, 3), "row 1: SM or CTA out of range"),
+    (lambda r: r[1].__setitem__(5, 4), "row 1: SM or CTA out of range"),
+    (lambda r: r[2].__setitem__(0, 2), "row 2: tile outside the grid"),
+    (lambda r: r[2].fill_(-1), "1 of 4 tiles have no part"),
+    (lambda r: r[4].__setitem__(6, 5), "CTA 0 overlaps its own parts"),
+])
+def test_timeline_parts_names_what_is_wrong(change, message):
+    rows = _timeline()
+    change(rows)
+    with pytest.raises(AssertionError, match=message):
+        _check(rows)

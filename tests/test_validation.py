@@ -381,9 +381,20 @@ def test_timeline_unknown_tile_order(pm):
         pm.matmul_timeline(t(4, 4, dtype=torch.bfloat16), t(4, 4, dtype=torch.bfloat16), tile_order="spiral")
 
 
+TIMELINE_RUNGS = "tiled, persistent, wgmma, wgmma_persistent, wgmma_streamk"
+
+
 def test_timeline_needs_an_instrumented_rung(pm):
-    with pytest.raises(ValueError, match=r"^kernel 'naive' has no instrumented build; choose one of: tiled, persistent, wgmma, wgmma_persistent$"):
-        pm.matmul_timeline(t(4, 4), t(4, 4), kernel="naive")
+    for kernel in ("naive", "splitk"):
+        with pytest.raises(ValueError, match=rf"^kernel '{kernel}' has no instrumented build; choose one of: "
+                                             rf"{TIMELINE_RUNGS}$"):
+            pm.matmul_timeline(t(4, 4), t(4, 4), kernel=kernel)
+
+
+def test_timeline_columns_are_the_parts_of_tiles(pm):
+    """A row per unit of work: the tile, the K-range it summed, where and when it ran."""
+    assert pm.TIMELINE_COLUMNS == ("tile_m", "tile_n", "k_begin", "k_end", "sm", "cta", "start_ns", "end_ns")
+    assert {n for n, r in pm._rungs.RUNGS.items() if r.has_timeline} == set(TIMELINE_RUNGS.split(", "))
 
 
 @pytest.mark.parametrize("a_shape, b_shape", [((0, 4), (4, 4)), ((4, 0), (0, 4)), ((4, 4), (4, 0))])
@@ -392,9 +403,10 @@ def test_timeline_needs_nonempty_operands(pm, a_shape, b_shape):
         pm.matmul_timeline(t(*a_shape, dtype=torch.bfloat16), t(*b_shape, dtype=torch.bfloat16))
 
 
-def test_timeline_on_cpu_says_no_cuda_device(pm):
+@pytest.mark.parametrize("kernel", TIMELINE_RUNGS.split(", "))
+def test_timeline_on_cpu_says_no_cuda_device(pm, kernel):
     with pytest.raises(RuntimeError, match=NO_CUDA):
-        pm.matmul_timeline(t(4, 4, dtype=torch.bfloat16), t(4, 4, dtype=torch.bfloat16))
+        pm.matmul_timeline(t(4, 4, dtype=torch.bfloat16), t(4, 4, dtype=torch.bfloat16), kernel=kernel)
 
 
 def test_tile_config_op_rejects_negative_sizes_and_a_missing_device(pm):
@@ -402,14 +414,38 @@ def test_tile_config_op_rejects_negative_sizes_and_a_missing_device(pm):
         pm._matmul.ops.tile_config(-1, 4, 0)
     with pytest.raises(RuntimeError, match=r"tile_config needs a CUDA device; cuda:0 is not present"):
         pm._matmul.ops.tile_config(4, 4, 0)
-    with pytest.raises(RuntimeError, match=r"tile_config needs a CUDA device; cuda:0 is not present"):
-        pm._matmul.ops.tile_config(4, 4, 0, True)  # the Hopper rungs' configuration
+    for kernel in ("wgmma", "wgmma_streamk"):  # the Hopper rungs' configurations
+        with pytest.raises(RuntimeError, match=r"tile_config needs a CUDA device; cuda:0 is not present"):
+            pm._matmul.ops.tile_config(4, 4, 0, kernel, 4096)
+    # The op names the rungs with tiles before it needs a device.
+    for kernel in ("splitk", "naive", "auto", "wgmma2"):
+        with pytest.raises(RuntimeError, match=rf"kernel '{kernel}' has no tile configuration; choose one of: "
+                                               rf"{TIMELINE_RUNGS}$"):
+            pm._matmul.ops.tile_config(4, 4, 0, kernel)
 
 
 def test_tile_config_names_the_rungs_that_have_one(pm):
-    for kernel in ("naive", "warptiled", "auto"):
+    for kernel in ("naive", "warptiled", "splitk", "auto"):
         with pytest.raises(ValueError, match=rf"^kernel '{kernel}' has no tile configuration; choose one of: "
-                                             r"tiled, persistent, wgmma, wgmma_persistent$"):
+                                             rf"{TIMELINE_RUNGS}$"):
             pm.tile_config(64, 64, 0, kernel=kernel)
     with pytest.raises(ValueError, match=r"unknown kernel 'wgmma2'"):
         pm.tile_config(64, 64, 0, kernel="wgmma2")
+
+
+@pytest.mark.parametrize(("k", "error", "message"), [
+    (0, ValueError, r"^k must be None or at least 1, got 0$"),
+    (-5, ValueError, r"^k must be None or at least 1, got -5$"),
+    (4096.0, TypeError, r"^k must be None or an int, got float$"),
+    (True, TypeError, r"^k must be None or an int, got bool$"),
+])
+def test_tile_config_checks_k(pm, k, error, message):
+    """wgmma_streamk's grid depends on K, which tile_config takes as ``k``."""
+    with pytest.raises(error, match=message):
+        pm.tile_config(16, 4096, 0, kernel="wgmma_streamk", k=k)
+
+
+def test_tile_config_of_wgmma_streamk_asks_the_device(pm):
+    """With a good k, wgmma_streamk's configuration goes to the op, which needs a device."""
+    with pytest.raises(RuntimeError, match=r"tile_config needs a CUDA device; cuda:0 is not present"):
+        pm.tile_config(16, 4096, 0, kernel="wgmma_streamk", k=4096)

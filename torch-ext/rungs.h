@@ -47,6 +47,14 @@ inline bool rung_takes(Rung r, ElementType t) {
   }
 }
 
+// The rungs with an instrumented build, which records a timeline (one row
+// per unit of work: a tile, or a part of one cut in K), and a tile
+// configuration (the op tile_config).
+inline bool rung_has_timeline(Rung r) {
+  return r == Rung::kTiled || r == Rung::kPersistent || r == Rung::kWgmma || r == Rung::kWgmmaPersistent ||
+         r == Rung::kWgmmaStreamk;
+}
+
 // The rungs that read operands in 16-byte chunks: elements per chunk (the
 // binding copies operands they cannot read into a padded layout first); 0
 // for naive, which takes any strides.

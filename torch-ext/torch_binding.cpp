@@ -325,13 +325,29 @@ struct Options {
 };
 
 
-void check_timeline(MatmulProblem& problem, const Tensor& t, int32_t device, TileConfigOf tile_config_of) {
+// The tile configuration of a rung with an instrumented build (rung_has_timeline)
+// for an m x n output summed over k (k < 1: not known; only wgmma_streamk's grid depends on it).
+persistent_matmul::TileConfig tile_config_for(Rung rung, int64_t m, int64_t n, int64_t k, int device) {
+  switch (rung) {
+    case Rung::kWgmma:
+    case Rung::kWgmmaPersistent: return persistent_matmul::wgmma_tile_config(m, n, device);
+    case Rung::kWgmmaStreamk: return persistent_matmul::wgmma_streamk_tile_config(m, n, k, device);
+    default: return persistent_matmul::tensor_core_tile_config(m, n, device);
+  }
+}
+
+// The columns of a timeline row (tensor_core_tile.cuh, TileRecord).
+constexpr int64_t kTimelineColumns = 8;
+
+void check_timeline(MatmulProblem& problem, const Tensor& t, int32_t device, const persistent_matmul::TileConfig& cfg) {
   STD_TORCH_CHECK(t.is_cuda() && t.get_device_index() == device, "persistent_matmul: timeline must be on cuda:",
                   device);
-  const auto cfg = tile_config_of(problem.m, problem.n, device);
-  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Long && t.dim() == 2 && t.size(0) == cfg.tiles &&
-                      t.size(1) == 6 && t.stride(0) == 6 && t.stride(1) == 1,
-                  "persistent_matmul: timeline must be a contiguous int64 tensor of shape [", cfg.tiles, ", 6]");
+  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Long && t.dim() == 2 && t.size(0) == cfg.timeline_rows &&
+                      t.size(1) == kTimelineColumns && t.stride(0) == kTimelineColumns && t.stride(1) == 1,
+                  "persistent_matmul: timeline must be a contiguous int64 tensor of shape [", cfg.timeline_rows, ", ",
+                  kTimelineColumns, "]: a row per tile (", cfg.tiles, ") and per CTA the launch may run (",
+                  cfg.timeline_rows - cfg.tiles, "), of columns tile_m, tile_n, k_begin, k_end, sm, cta, start_ns, "
+                  "end_ns");
   problem.timeline = t.data_ptr();
 }
 
@@ -383,11 +399,10 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
   const bool hopper = rung == Rung::kWgmma || rung == Rung::kWgmmaPersistent;
   const TileConfigOf tile_config_of =
       hopper ? persistent_matmul::wgmma_tile_config : persistent_matmul::tensor_core_tile_config;
-  const bool has_timeline = rung == Rung::kTiled || rung == Rung::kPersistent || hopper;
   if (opt.timeline != nullptr && opt.timeline->has_value()) {
-    STD_TORCH_CHECK(has_timeline, "persistent_matmul: kernel '", persistent_matmul::rung_name(rung),
-                    "' has no instrumented build (no timeline)");
-    check_timeline(p, **opt.timeline, device, tile_config_of);
+    STD_TORCH_CHECK(persistent_matmul::rung_has_timeline(rung), "persistent_matmul: kernel '",
+                    persistent_matmul::rung_name(rung), "' has no instrumented build (no timeline)");
+    check_timeline(p, **opt.timeline, device, tile_config_for(rung, m, n, k, device));
   }
   STD_TORCH_CHECK(opt.tile_order >= -1 && opt.tile_order <= 3,
                   "persistent_matmul: tile_order must be -1 (the default), 0 (grouped), 1 (Hilbert), 2 (dynamic) or 3 "
@@ -586,20 +601,28 @@ std::tuple<Tensor, Tensor> operands_for_op(const Tensor& a, const Tensor& b, int
   return {p.a_copy.value_or(a), p.b_copy.value_or(b)};
 }
 
-std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, bool hopper) {
+std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::string kernel, int64_t k) {
   STD_TORCH_CHECK(m >= 0 && n >= 0, "persistent_matmul: tile_config needs m, n >= 0");
+  const auto rung = persistent_matmul::rung_named(kernel);
+  if (!rung.has_value() || !persistent_matmul::rung_has_timeline(*rung)) {
+    std::string names;
+    for (auto name : persistent_matmul::kRungNames) {
+      if (persistent_matmul::rung_has_timeline(*persistent_matmul::rung_named(name))) {
+        names.append(names.empty() ? "" : ", ").append(name);
+      }
+    }
+    STD_TORCH_CHECK(false, "persistent_matmul: kernel '", kernel, "' has no tile configuration; choose one of: ",
+                    names);
+  }
   int devices = 0;
   STD_TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices,
                   "persistent_matmul: tile_config needs a CUDA device; cuda:", device, " is not present");
   torch::stable::accelerator::DeviceGuard guard(static_cast<int32_t>(device));  // the occupancy queries ask the current device
-  if (hopper) {
-    const DeviceFacts& f = device_facts(static_cast<int32_t>(device));
-    STD_TORCH_CHECK(f.major == 9 && f.minor == 0, "persistent_matmul: the wgmma rungs need a Hopper GPU (compute "
-                    "capability 9.0); cuda:", device, " is ", f.major, ".", f.minor);
-  }
-  const auto cfg = hopper ? persistent_matmul::wgmma_tile_config(m, n, static_cast<int>(device))
-                          : persistent_matmul::tensor_core_tile_config(m, n, static_cast<int>(device));
-  return {cfg.block_m, cfg.block_n, cfg.block_k, cfg.tiles, cfg.persistent_ctas};
+  const DeviceFacts& f = device_facts(static_cast<int32_t>(device));
+  STD_TORCH_CHECK(persistent_matmul::rung_runs_on(*rung, f), "persistent_matmul: kernel '", kernel,
+                  "' does not run on cuda:", device, " (compute capability ", f.major, ".", f.minor, ")");
+  const auto cfg = tile_config_for(*rung, m, n, k, static_cast<int>(device));
+  return {cfg.block_m, cfg.block_n, cfg.block_k, cfg.tiles, cfg.persistent_ctas, cfg.timeline_rows};
 }
 
 STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
@@ -610,7 +633,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "int cluster_size=0, Tensor(b!)? timeline=None) -> ()");
   ops.def("choose_kernel(int major, int minor, int sms, ScalarType dtype, int m, int n, int k, bool b_kmajor) -> str");
   ops.def("operands_for(Tensor a, Tensor b, int chunk, bool need_kmajor) -> (Tensor, Tensor)");
-  ops.def("tile_config(int m, int n, int device, bool hopper=False) -> int[]");
+  ops.def("tile_config(int m, int n, int device, str kernel=\"persistent\", int k=0) -> int[]");
 }
 
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {

@@ -21,8 +21,11 @@ Tensor matmul_op(const Tensor& a, const Tensor& b, std::string kernel);
 // a @ b (+ bias) into out. tile_order: -1 (default: split tail), 0 grouped, 1
 // Hilbert, 2 dynamic, 3 split tail (the persistent rungs). cluster_size: 0 (the
 // kernel picks), 1 or 2 (wgmma_persistent). timeline, when given, is an int64
-// [tiles, 6] tensor the instrumented build of a tensor-core rung fills with one
-// row per output tile: (tile_m, tile_n, sm id, CTA index, start ns, end ns).
+// [timeline rows, 8] tensor (tile_config's last value: a row per tile and per
+// CTA the launch may run) that the instrumented build of a rung with tiles
+// fills with one row per unit of work, a tile or a part of one cut in K:
+// (tile_m, tile_n, k_begin, k_end, sm id, CTA index, start ns, end ns); rows
+// of no unit keep their values.
 void matmul_out_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias, Tensor& out,
                    std::string kernel, int64_t tile_order, int64_t cluster_size, const std::optional<Tensor>& timeline);
 
@@ -35,6 +38,8 @@ std::string choose_kernel_op(int64_t major, int64_t minor, int64_t sms, torch::h
 // inputs themselves, or padded copies (need_kmajor: B copied K-major).
 std::tuple<Tensor, Tensor> operands_for_op(const Tensor& a, const Tensor& b, int64_t chunk, bool need_kmajor);
 
-// [block_m, block_n, block_k, tiles, persistent CTAs] for an m x n output on
-// `device`: of tiled/persistent, or with `hopper` of wgmma/wgmma_persistent.
-std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, bool hopper);
+// [block_m, block_n, block_k, tiles, persistent CTAs, timeline rows] for an
+// m x n output (summed over k; k < 1: not known) on `device`, of the rung
+// `kernel` (tiled and persistent share one, wgmma and wgmma_persistent
+// another; wgmma_streamk's grid depends on k).
+std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::string kernel, int64_t k);

@@ -192,17 +192,27 @@ def explain_linear(x, weight, bias, kernel) -> None:
 
 
 def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
-                kernel: str = "persistent") -> dict[str, int]:
-    """How a tensor-core rung tiles an m x n output on ``device``: block
-    sizes, the number of output tiles (= CTAs of the one-CTA-per-tile rung)
-    and the CTAs its persistent twin launches (what fills the device once).
+                kernel: str = "persistent", k: int | None = None) -> dict[str, int]:
+    """How a rung with tiles cuts an m x n output on ``device``: block sizes,
+    the number of output tiles (= CTAs of the one-CTA-per-tile rung), the
+    CTAs its persistent twin launches (what fills the device once) and the
+    rows of its timeline (``matmul_timeline``: one per tile, then one per CTA
+    a launch may run, for the parts of tiles cut in K).
 
     ``tiled`` and ``persistent`` share one configuration, ``wgmma`` and
-    ``wgmma_persistent`` another (Hopper only).
+    ``wgmma_persistent`` another (Hopper only). ``wgmma_streamk`` (Hopper
+    only) has tiles of block_m tokens (output rows) by block_n = 128 weight
+    rows (output columns), k-blocks of block_k = 128, and launches one CTA an
+    SM but no more than there are (tile, k-block) work items: its grid
+    depends on ``k``, the product's depth (None: deep enough for every SM).
     """
     _check_kernel_name(kernel)
     if kernel == "auto" or not RUNGS[kernel].has_timeline:
         raise ValueError(f"kernel {kernel!r} has no tile configuration; choose one of: {_rungs_that('has_timeline')}")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
+        raise TypeError(f"k must be None or an int, got {type(k).__name__}")
+    if k is not None and k < 1:
+        raise ValueError(f"k must be None or at least 1, got {k}")
     if device is None:
         index = torch.cuda.current_device()
     elif isinstance(device, int):
@@ -210,30 +220,37 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
     else:
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
-    block_m, block_n, block_k, tiles, ctas = ops.tile_config(int(m), int(n), int(index), RUNGS[kernel].hopper_tiles)
-    return {"block_m": block_m, "block_n": block_n, "block_k": block_k, "tiles": tiles, "persistent_ctas": ctas}
+    values = ops.tile_config(int(m), int(n), int(index), kernel, 0 if k is None else k)
+    return dict(zip(("block_m", "block_n", "block_k", "tiles", "persistent_ctas", "timeline_rows"), values))
 
 
-TIMELINE_COLUMNS = ("tile_m", "tile_n", "sm", "cta", "start_ns", "end_ns")
+TIMELINE_COLUMNS = ("tile_m", "tile_n", "k_begin", "k_end", "sm", "cta", "start_ns", "end_ns")
 
 
 def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persistent",
                     tile_order: TileOrder | str | None = DEFAULT_TILE_ORDER) -> tuple[torch.Tensor, torch.Tensor]:
-    """``a @ b`` through the instrumented build of a tensor-core rung.
+    """``a @ b`` through the instrumented build of a rung with tiles.
 
     ``tile_order`` (a ``TileOrder`` or its name: "grouped", "hilbert", "dynamic"
     or "split_tail"; None is split tail) is the persistent rungs' tile order;
-    the one-CTA-per-tile rungs always run in grouped order, and
-    wgmma_persistent runs with the cluster size it picks. "dynamic" runs as
-    grouped where it would assign the same tiles (a grid that holds every
-    tile) and for wgmma_persistent's CTA pairs, which walk a static order;
-    "split_tail" runs as "dynamic" here (the instrumented build records whole
-    tiles).
+    the one-CTA-per-tile rungs always run in grouped order, wgmma_streamk cuts
+    its work by stream-K whatever the order, and wgmma_persistent runs with
+    the cluster size it picks. "dynamic" runs as grouped where it would
+    assign the same tiles (a grid that holds every tile) and for
+    wgmma_persistent's CTA pairs, which walk a static order; "split_tail"
+    runs as "dynamic" (pairs: grouped) where it would split nothing, as
+    ``matmul`` does.
 
-    Returns (out, timeline): timeline is int64 [tiles, 6], one row per output
-    tile with the columns of TIMELINE_COLUMNS, read from %smid and
-    %globaltimer on the GPU. The normal (uninstrumented) kernels pay nothing
-    for this.
+    Returns (out, timeline): timeline is int64 [rows, 8] with the columns of
+    TIMELINE_COLUMNS, one row per unit of work the kernel ran: a whole output
+    tile (k_begin 0, k_end K) or a part of a tile that the split-tail order or
+    stream-K cut in K (the elements [k_begin, k_end) of K it summed; a tile's
+    parts cover [0, K) once), which SM (%smid) and CTA ran it, and when
+    (%globaltimer, ns). tile_m and tile_n count tile_config's block_m rows and
+    block_n columns of the output. There are tile_config's timeline_rows rows,
+    a row per tile and per CTA a launch may run; rows no unit wrote stay -1
+    (keep those with start_ns >= 0). The normal (uninstrumented) kernels pay
+    nothing for this.
     """
     check_tensor(a, "a", 2)
     check_tensor(b, "b", 2)
@@ -249,6 +266,6 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
         raise ValueError(f"matmul_timeline needs M, N and K >= 1, got a {tuple(a.shape)} and b {tuple(b.shape)}")
     device = check_cuda({"a": a, "b": b})
     rung = _resolve_rung(kernel, a.dtype, device)  # before tile_config: names a device that lacks the rung
-    tiles = tile_config(a.shape[0], b.shape[1], device, kernel=rung.name)["tiles"]
-    timeline = torch.full((tiles, len(TIMELINE_COLUMNS)), -1, dtype=torch.int64, device=device)
+    rows = tile_config(a.shape[0], b.shape[1], device, kernel=rung.name, k=a.shape[1])["timeline_rows"]
+    timeline = torch.full((rows, len(TIMELINE_COLUMNS)), -1, dtype=torch.int64, device=device)
     return _matmul_out(a, b, None, None, kernel, order, 0, timeline), timeline

@@ -25,14 +25,14 @@ class Rung:
     # restricted layout (K- or N-contiguous, aligned rows; the caller copies
     # others first); 0 when any strides are taken.
     chunk_elements: int = 0
-    # Whether an instrumented build records a timeline (tensor-core rungs).
+    # Whether an instrumented build records a timeline (one row per unit of
+    # work: an output tile, or a part of one cut in K) and the rung has a
+    # tile configuration (tile_config).
     has_timeline: bool = False
     # Whether the op takes a tile order (the persistent rungs' scheduler).
     takes_tile_order: bool = False
     # Whether the op takes a cluster size (CTA pairs sharing B by TMA multicast).
     takes_cluster_size: bool = False
-    # Whether the tile configuration is the Hopper rungs' (tile_config(..., hopper=True)).
-    hopper_tiles: bool = False
 
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -83,7 +83,6 @@ RUNGS: dict[str, Rung] = {
             summary="Hopper: TMA loads, wgmma, producer/consumer warpgroups with mbarriers; one CTA per 128x256 tile",
             chunk_elements=8,
             has_timeline=True,
-            hopper_tiles=True,
         ),
         Rung(
             name="wgmma_persistent",
@@ -96,7 +95,6 @@ RUNGS: dict[str, Rung] = {
             has_timeline=True,
             takes_tile_order=True,
             takes_cluster_size=True,
-            hopper_tiles=True,
         ),
         Rung(
             name="splitk",
@@ -115,6 +113,7 @@ RUNGS: dict[str, Rung] = {
             summary="Hopper skinny products: the weights as wgmma's A operand, TMA-streamed through a ring of "
                     "stages, the (tile, k-block) work cut into one equal stretch per SM (stream-K)",
             chunk_elements=8,
+            has_timeline=True,
         ),
     )
 }
