@@ -58,10 +58,15 @@ def main() -> int:
                 if not matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]:
                     failures += 1
                     print(f"WRONG {name} {order} order {m}x{n}x{k}")
-        if pm._rungs.RUNGS[name].has_timeline:  # the instrumented build too
-            a, b = random_operands(129, 65, 70, torch.bfloat16, "cuda")
-            pm.matmul_timeline(a, b, kernel=name)
-            runs += 1
+        if pm._rungs.RUNGS[name].has_timeline:  # the instrumented build too (split tail: its parts' records)
+            timeline_shapes = [(129, 65, 70)] + [SPLIT_TAIL_SHAPE] * pm._rungs.RUNGS[name].takes_tile_order
+            for m, n, k in timeline_shapes:
+                a, b = random_operands(m, n, k, torch.bfloat16, "cuda")
+                out, _ = pm.matmul_timeline(a, b, kernel=name, tile_order="split_tail")
+                runs += 1
+                if not matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]:
+                    failures += 1
+                    print(f"WRONG {name} instrumented {m}x{n}x{k}")
     torch.cuda.synchronize()
     print(f"sanitize workload: {runs} runs, {failures} wrong results")
     return 1 if failures else 0

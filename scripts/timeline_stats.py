@@ -4,7 +4,8 @@
 
 For each rung with a timeline (default: every available one), in its default
 tile order or ORDER (a persistent rung's "hilbert" or "dynamic"): CTAs and SMs that
-ran tiles, tiles per CTA, median tile time, the median gap between one CTA's
+ran tiles, tiles (units of work: a tile, or a part of one that the split-tail order
+or stream-K cut in K) per CTA, median tile time, the median gap between one CTA's
 consecutive tiles (from one tile's stored results to the next tile's first
 k-block) per CTA and per SM, the SMs' idle share of the makespan (what a better
 schedule of the same tiles could save at most), the makespan, and how many
@@ -35,13 +36,16 @@ def main() -> int:
     rungs = args.rungs or [r for r in ("tiled", "persistent", "wgmma", "wgmma_persistent") if available[r].available]
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    column = {c: i for i, c in enumerate(pm.TIMELINE_COLUMNS)}
+    sm_col, cta_col, start_col, end_col = (column[c] for c in ("sm", "cta", "start_ns", "end_ns"))
     for name in rungs:
         rung, _, order = name.partition("-")
         for _ in range(3):  # warm: the last run is reported
             _, timeline = pm.matmul_timeline(a, b, kernel=rung, tile_order=order or "grouped")
         torch.cuda.synchronize()
         t = timeline.cpu()
-        start, end = t[:, 4] - t[:, 4].min(), t[:, 5] - t[:, 4].min()
+        t = t[t[:, start_col] >= 0]  # rows of units the launch did not have stay -1
+        start, end = t[:, start_col] - t[:, start_col].min(), t[:, end_col] - t[:, start_col].min()
         makespan = int(end.max())
         events = sorted([(int(s), 1) for s in start] + [(int(e), -1) for e in end])
         running = peak = 0
@@ -49,26 +53,26 @@ def main() -> int:
             running += step
             peak = max(peak, running)
         busy = int((end - start).sum())
-        per_cta = torch.bincount(t[:, 3]).float()
+        per_cta = torch.bincount(t[:, cta_col]).float()
         per_cta = per_cta[per_cta > 0]
         gaps = []
-        for cta in set(t[:, 3].tolist()):
-            rows = t[t[:, 3] == cta]
-            rows = rows[rows[:, 4].argsort()]
-            gaps += (rows[1:, 4] - rows[:-1, 5]).tolist()
+        for cta in set(t[:, cta_col].tolist()):
+            rows = t[t[:, cta_col] == cta]
+            rows = rows[rows[:, start_col].argsort()]
+            gaps += (rows[1:, start_col] - rows[:-1, end_col]).tolist()
         gap = f"{float(torch.tensor(gaps).float().median()) / 1e3:.2f} us" if gaps else "-"
         # The same per SM (one-CTA-per-tile rungs: from one CTA's end to the next
         # CTA's start there), and the SMs' idle share of the makespan: the most a
         # better schedule of the same tiles could save.
-        sm_gaps, sms = [], sorted(set(t[:, 2].tolist()))
+        sm_gaps, sms = [], sorted(set(t[:, sm_col].tolist()))
         for s in sms:
-            rows = t[t[:, 2] == s]
-            rows = rows[rows[:, 4].argsort()]
-            sm_gaps += (rows[1:, 4] - rows[:-1, 5]).tolist()
+            rows = t[t[:, sm_col] == s]
+            rows = rows[rows[:, start_col].argsort()]
+            sm_gaps += (rows[1:, start_col] - rows[:-1, end_col]).tolist()
         sm_gap = f"{float(torch.tensor(sm_gaps).float().median()) / 1e3:.2f} us" if sm_gaps else "-"
         idle = 1 - busy / max(makespan * torch.cuda.get_device_properties(0).multi_processor_count, 1)
-        print(f"{name} {m}x{n}x{k}: {t.shape[0]} tiles on {len(set(t[:, 3].tolist()))} CTAs, "
-              f"{len(set(t[:, 2].tolist()))} SMs; tiles per CTA {int(per_cta.min())}..{int(per_cta.max())}; "
+        print(f"{name} {m}x{n}x{k}: {t.shape[0]} tiles on {len(set(t[:, cta_col].tolist()))} CTAs, "
+              f"{len(set(t[:, sm_col].tolist()))} SMs; tiles per CTA {int(per_cta.min())}..{int(per_cta.max())}; "
               f"median tile {float((end - start).float().median()) / 1e3:.2f} us; median gap {gap} (per CTA), "
               f"{sm_gap} (per SM); SMs idle {100 * idle:.1f}% of the makespan; "
               f"makespan {makespan / 1e3:.1f} us; "
