@@ -420,6 +420,16 @@ def cluster_size(name: str, m: int) -> int:
     return 2 if name == "wgmma_persistent" and m > 128 else 1
 
 
+def _tile_config(pm, m: int, n: int, k: int, name: str) -> dict:
+    """``pm.tile_config`` of rung ``name`` for an m x n x k product: with K, which
+    wgmma_streamk's grid depends on, where the kernel's tile_config takes it (builds
+    before its timeline did not)."""
+    try:
+        return pm.tile_config(m, n, kernel=name, k=k)
+    except TypeError:
+        return pm.tile_config(m, n, kernel=name)
+
+
 @gpu(duration=timeline_seconds)
 def run_timeline(m: int, n: int, k: int, kernels=TIMELINE_RUNGS, dtype: str = "bfloat16") -> dict:
     """Per-part timelines of ``kernels`` on one m x n x k product.
@@ -443,6 +453,9 @@ def run_timeline(m: int, n: int, k: int, kernels=TIMELINE_RUNGS, dtype: str = "b
     torch_dtype = DTYPES[dtype]
     a = torch.randn(m, k, device="cuda", dtype=torch_dtype)
     b = torch.randn(k, n, device="cuda", dtype=torch_dtype)
+    # wgmma_streamk reads B K-major (the weights of a linear layer, N x K,
+    # transposed): given so, neither its timeline nor its time includes a copy.
+    b_kmajor = torch.randn(n, k, device="cuda", dtype=torch_dtype).t() if "wgmma_streamk" in kernels else None
     out = torch.empty(m, n, device="cuda", dtype=torch_dtype)
     result["sm_count"] = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     columns = list(getattr(pm, "TIMELINE_COLUMNS", timeline_data.TILE_COLUMNS))
@@ -456,12 +469,13 @@ def run_timeline(m: int, n: int, k: int, kernels=TIMELINE_RUNGS, dtype: str = "b
             entry["note"] = f"{name} does not run here: {reason}"
             continue
         try:
-            entry["tile_config"] = {key: int(v) for key, v in pm.tile_config(m, n, kernel=name).items()}
+            entry["tile_config"] = {key: int(v) for key, v in _tile_config(pm, m, n, k, name).items()}
         except ValueError:  # a rung without an instrumented build
             entry["note"] = f"{name} has no instrumented build in this kernel, so no timeline"
             continue
-        pm.matmul_timeline(a, b, kernel=name)  # warm the instrumented build
-        _, timeline = pm.matmul_timeline(a, b, kernel=name)
+        b_rung = b_kmajor if name == "wgmma_streamk" else b
+        pm.matmul_timeline(a, b_rung, kernel=name)  # warm the instrumented build
+        _, timeline = pm.matmul_timeline(a, b_rung, kernel=name)
         torch.cuda.synchronize()
         t = timeline.cpu()
         start, end = columns.index("start_ns"), columns.index("end_ns")
@@ -471,7 +485,7 @@ def run_timeline(m: int, n: int, k: int, kernels=TIMELINE_RUNGS, dtype: str = "b
         entry["parts"] = timeline_data.parts_from_rows(t.tolist(), columns, k)
         entry["grid"] = len({p[timeline_data.CTA] for p in entry["parts"]})
         entry["cluster_size"] = cluster_size(name, m)
-        seconds, _ = _measure(lambda i, name=name: pm.matmul(a, b, kernel=name, out=out))
+        seconds, _ = _measure(lambda i, name=name, b_rung=b_rung: pm.matmul(a, b_rung, kernel=name, out=out))
         entry["ms"] = seconds * 1e3
     result["environment"] = environment()
     problems = timeline_data.timeline_problems(result)

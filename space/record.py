@@ -34,9 +34,9 @@ BENCHMARK_RUNS = (  # (dtype, preset)
 
 def timeline_problems(result: dict) -> list[str]:
     """What is wrong with a recorded timeline, if anything: timeline_data's check, and
-    the persistent rungs' CTA count against the tile_config's."""
+    the persistent and stream-K rungs' CTA count against the tile_config's."""
     problems = timeline_data.timeline_problems(result)
-    for name in ("persistent", "wgmma_persistent"):
+    for name in ("persistent", "wgmma_persistent", "wgmma_streamk"):
         kern = result["kernels"].get(name)
         ctas = kern and kern["tile_config"].get("persistent_ctas")
         if kern and kern["parts"] and kern["grid"] > ctas:

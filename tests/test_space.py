@@ -71,10 +71,31 @@ def _persistent(tiles: list[tuple[int, int]], k: int, ctas: int, sm_count: int, 
     return parts
 
 
+def _stream_k(tiles: list[tuple[int, int]], k: int, block_k: int, ctas: int, sm_count: int,
+              block_ns: int) -> list[list[int]]:
+    """Stream-K: the tiles' k-blocks, tile after tile, cut into one equal stretch per CTA;
+    a tile whose k-blocks fall into several stretches is a part on each of their CTAs
+    (the end of one stretch, the start of the next)."""
+    k_blocks = -(-k // block_k)
+    total = len(tiles) * k_blocks
+    parts = []
+    for cta in range(ctas):
+        w, end, start = total * cta // ctas, total * (cta + 1) // ctas, 0
+        while w < end:
+            tile, kb = divmod(w, k_blocks)
+            kb_end = min(k_blocks, kb + end - w)
+            length = (kb_end - kb) * block_ns
+            parts.append([*tiles[tile], kb * block_k, min(kb_end * block_k, k), cta % sm_count, cta, start,
+                          start + length])
+            w, start = w + kb_end - kb, start + length
+    return parts
+
+
 def placeholder_timeline(shape=(640, 640, 256), sm_count: int = 8, block: int = 512) -> dict:
     """A synthetic run_timeline result: tiled and wgmma run one CTA per tile in waves
     (2 and 1 CTAs per SM), persistent and wgmma_persistent loop (wgmma_persistent in
-    CTA pairs, its last ragged round split in K); tiles of ``block`` x ``block``."""
+    CTA pairs, its last ragged round split in K), wgmma_streamk cuts the tiles' k-blocks
+    into one stretch per SM; tiles of ``block`` x ``block``."""
     m, n, k = shape
     grid_m, grid_n = -(-m // block), -(-n // block)
     tiles = [(i, j) for j in range(grid_n) for i in range(grid_m)]
@@ -84,19 +105,19 @@ def placeholder_timeline(shape=(640, 640, 256), sm_count: int = 8, block: int = 
         "persistent": _persistent(tiles, k, 2 * sm_count, sm_count, 1000, 300, False),
         "wgmma": _one_cta_per_tile(tiles, k, sm_count, sm_count, 600, 200),
         "wgmma_persistent": _persistent(tiles, k, sm_count, sm_count, 600, 200, True),
+        "wgmma_streamk": _stream_k(tiles, k, 128, sm_count, sm_count, 30),
     }
-    ctas = {"tiled": len(tiles), "persistent": 2 * sm_count, "wgmma": len(tiles), "wgmma_persistent": sm_count}
+    ctas = {"tiled": len(tiles), "persistent": 2 * sm_count, "wgmma": len(tiles), "wgmma_persistent": sm_count,
+            "wgmma_streamk": sm_count}
     env = {"date": "2000-01-01", "gpu": PLACEHOLDER_GPU, "sm_count": sm_count, "commit": "0" * 40,
            "torch": "placeholder", "cuda": "placeholder", "kernel": "placeholder"}
     return {
         "shape": list(shape), "dtype": "bfloat16", "sm_count": sm_count,
-        "kernels": {name: {"parts": parts, "grid": ctas[name], "ms": 0.001 * (4 - i), "note": "",
-                           "tile_config": {**cfg, "persistent_ctas": ctas["persistent" if i < 2 else
-                                                                          "wgmma_persistent"]},
+        "kernels": {name: {"parts": parts, "grid": ctas[name], "ms": 0.001 * (5 - i), "note": "",
+                           "tile_config": {**cfg, "block_k": 128 if name == "wgmma_streamk" else 64,
+                                           "persistent_ctas": ctas["persistent" if i < 2 else name]},
                            "cluster_size": 2 if name == "wgmma_persistent" else 1}
-                    for i, (name, parts) in enumerate(kernels.items())}
-                   | {"wgmma_streamk": {"parts": [], "grid": 0, "ms": None, "tile_config": {}, "cluster_size": 1,
-                                        "note": "wgmma_streamk has no instrumented build in this kernel"}},
+                    for i, (name, parts) in enumerate(kernels.items())},
         "environment": env, "error": None,
     }
 
@@ -267,7 +288,9 @@ def test_recorded_timeline(client):
     assert "| wgmma_persistent | 512x512 | 36 | 8 | 2 |" in summary and "| 4 (8) |" in summary
     summary = client.predict("ragged waves: 3000x3000x3000", "wgmma_persistent vs wgmma_streamk", "", "", "",
                              api_name="/select_timeline")[2]
-    assert "no instrumented build" in summary
+    # stream-K: 36 tiles of 24 k-blocks in 8 stretches of 108 (4.5 tiles), so 4 tiles are cut in 2
+    row = next(line for line in summary.splitlines() if line.startswith("| wgmma_streamk |"))
+    assert row.startswith("| wgmma_streamk | 512x512 | 36 | 8 | 1 |") and row.endswith("| 4 (8) |"), row
     status = client.predict("decode: 16x4096x4096", "tiled vs persistent", "", "", "", api_name="/select_timeline")[0]
     assert "No timeline to show" in status and "record one" in status
 
@@ -445,6 +468,34 @@ def test_rows_of_either_layout_become_parts():
         timeline_data.parts_from_rows([[1, 2, 3, 4, 5]], timeline_data.TILE_COLUMNS, 64)
 
 
+def test_kernel_timeline_rows_are_parts(pm):
+    """The kernel's instrumented builds record parts in the data model's columns, so
+    its rows need no default filled in."""
+    import timeline_data
+
+    assert tuple(pm.TIMELINE_COLUMNS) == timeline_data.PART_COLUMNS
+    row = [3, 1, 128, 256, 7, 9, 100, 200]
+    assert timeline_data.parts_from_rows([row], pm.TIMELINE_COLUMNS, 4096) == [row]
+
+
+def test_tile_config_with_k_where_the_kernel_takes_it(monkeypatch):
+    """run_timeline asks tile_config with K (wgmma_streamk's grid depends on it), and
+    without it from a kernel whose tile_config takes none."""
+    monkeypatch.setenv("LOCAL_KERNELS", f"{REPO_ID}={REPO}")
+    import gpu_work
+
+    class WithK:
+        def tile_config(self, m, n, *, kernel, k=None):
+            return {"kernel": kernel, "k": k}
+
+    class WithoutK:
+        def tile_config(self, m, n, *, kernel):
+            return {"kernel": kernel, "k": None}
+
+    assert gpu_work._tile_config(WithK(), 16, 4096, 4096, "wgmma_streamk") == {"kernel": "wgmma_streamk", "k": 4096}
+    assert gpu_work._tile_config(WithoutK(), 16, 4096, 4096, "tiled") == {"kernel": "tiled", "k": None}
+
+
 # --------------------------------------------------------------------------- in-process
 
 
@@ -579,6 +630,13 @@ def test_timeline_stats_on_placeholder():
     assert stats["wgmma"]["tail_us"] > 0 and stats["wgmma_persistent"]["tail_us"] == 0
     assert plots.waves(data["kernels"]["persistent"]["parts"], 16)[-1] == 2
     assert plots.waves(data["kernels"]["tiled"]["parts"], 16)[-1] == 2
+    # stream-K: every SM streams the same share of the work, so none idles at the end;
+    # a cut tile's parts run on the SMs whose stretches share it, the second at once
+    streamk = data["kernels"]["wgmma_streamk"]["parts"]
+    assert stats["wgmma_streamk"]["tiles"] == 36 and stats["wgmma_streamk"]["split_tiles"] == 4
+    assert stats["wgmma_streamk"]["tail_us"] == 0 and stats["wgmma_streamk"]["idle_fraction"] == 0
+    first, second = sorted((p for p in streamk if (p[0], p[1]) == tuple(streamk[4][:2])), key=lambda p: p[2])
+    assert first[3] == second[2] and first[4] != second[4] and first[6] > second[6] == 0
 
 
 def test_replay_idle_counter_grows_to_the_total():

@@ -43,12 +43,21 @@ def test_gpu_work_on_gpu(monkeypatch, tmp_path):
     assert timeline["error"] is None  # run_timeline has run timeline_data's sanity check
     assert timeline["sm_count"] == torch.cuda.get_device_properties(0).multi_processor_count
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    for name in ("tiled", "persistent") + (("wgmma", "wgmma_persistent") if hopper else ()):
+    for name in ("tiled", "persistent") + (("wgmma", "wgmma_persistent", "wgmma_streamk") if hopper else ()):
         kern = timeline["kernels"][name]
         assert len({(p[0], p[1]) for p in kern["parts"]}) == kern["tile_config"]["tiles"] and kern["ms"] > 0, name
         assert kern["grid"] <= max(kern["tile_config"]["persistent_ctas"], kern["tile_config"]["tiles"])
     if hopper:
         assert timeline["kernels"]["wgmma_persistent"]["cluster_size"] == 2  # M = 1024: pairs of tile rows
+        # A decode shape: stream-K cuts each of its 32 tiles into parts on several SMs.
+        import timeline_data
+
+        decode = gpu_work.run_timeline(16, 4096, 4096, ("wgmma_streamk",))
+        assert decode["error"] is None, decode["error"]
+        streamk = decode["kernels"]["wgmma_streamk"]
+        assert streamk["tile_config"]["block_m"] == 16 and streamk["tile_config"]["tiles"] == 32
+        assert timeline_data.split_tiles(streamk["parts"]) == 32 and streamk["ms"] > 0
+        assert streamk["grid"] == streamk["tile_config"]["persistent_ctas"]
     else:
         assert "does not run here" in timeline["kernels"]["wgmma"]["note"]
     recorded.save_benchmark(result, tmp_path)
