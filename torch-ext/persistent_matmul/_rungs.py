@@ -144,9 +144,9 @@ class TileOrder(enum.IntEnum):
       sums to each tile's last part through a workspace kept per stream.
 
     Where split tail would split nothing (whole waves, a grid that holds every
-    tile, K under 8 k-blocks, the 64x64 tiles, the instrumented build) it runs
-    as the dynamic order, and the dynamic order runs as grouped where a grid
-    holds every tile or CTA pairs walk the tiles (pairs walk a static order).
+    tile, K under 8 k-blocks, the 64x64 tiles) it runs as the dynamic order,
+    and the dynamic order runs as grouped where a grid holds every tile or CTA
+    pairs walk the tiles (pairs walk a static order).
     Split tail is the default because on the H200 it ran 3000^3 1.18x / 1.16x
     and 4097^3 1.09x / 1.03x faster than the dynamic / grouped orders
     (persistent / wgmma_persistent) and every other benchmark shape within
