@@ -337,6 +337,11 @@ __device__ __forceinline__ void record_units(const MatmulProblem& p, const volat
     if (recording.done) return;
     const int64_t start = tc::global_timer_ns();
     named_barrier_sync(kUnitEnd, kRecordingThreads<Shape>);
+    // bar.sync lets a warp go on issuing until its next memory access, so a
+    // clock read right after it may run before the barrier completes (every
+    // end read so equal to its start). The load here waits for the barrier,
+    // and the branch on it holds the clock read back, as `done` does for start.
+    if (recording.done < 0) return;
     const int64_t end = tc::global_timer_ns();
     const volatile UnitNote& note = recording.notes[unit % kUnitNotes];
     const tc::TileCoord tile{note.tile.m, note.tile.n};
