@@ -11,7 +11,8 @@
 # (the skinny-product rungs side by side), model_benchmark (the run of record of
 # scripts/model_benchmark.py) and tp_benchmark (scripts/tp_benchmark.py under torchrun on
 # 2 GPUs; with fewer visible it says so and passes; <date>-tp-benchmark.md/.json), profile_decode
-# (Nsight Compute on cuBLAS and wgmma_streamk at 1 x 4096 x 4096, ncu_decode.txt) and cu124
+# (Nsight Compute on cuBLAS and wgmma_streamk at 1 x 4096 x 4096, ncu_decode.txt), crash_search
+# (scripts/crash_search.py: which rung or order fails at a shape; CU124=1 for that variant) and cu124
 # (the CUDA 12.4 variant's GPU tests and benchmarks beside cu130's; needs `make variants`).
 # Environment: BENCH_ARGS, SWEEP_ARGS, COMPARE_ARGS, TP_ARGS (extra arguments), SWEEP_SECONDS (the
 # sweep's time budget), SANITIZE_RUNGS (rungs for memcheck; default all), BASELINE,
@@ -188,6 +189,22 @@ cu124() {
   return $status
 }
 
+# Which rung, tile order or cluster size fails at a shape, each in a process of its own, then
+# memcheck on the first failure (scripts/crash_search.py; CRASH_ARGS: e.g. --shapes ...); CU124=1
+# searches the CUDA 12.4 variant (loaded by path, libcudart.so.12 from the carried wheel).
+crash_search() {
+  local cudart=/tmp/cudart12/nvidia/cuda_runtime/lib wheel variant=""
+  if [ -n "${CU124:-}" ]; then
+    wheel=$(ls .whl/nvidia_cuda_runtime_cu12-*.whl 2>/dev/null | head -n 1)
+    [ -n "$wheel" ] || { echo "crash_search: no nvidia-cuda-runtime-cu12 wheel in .whl/"; return 1; }
+    "$PY" -m zipfile -e "$wheel" /tmp/cudart12
+    variant="torch-stable-abi210-cu124-$(uname -m)-linux"
+  fi
+  # shellcheck disable=SC2086  # CRASH_ARGS: extra arguments, word-split on purpose
+  PM_VARIANT="${variant:-${PM_VARIANT:-}}" LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" timeout -k 5 400 \
+    "$PY" scripts/crash_search.py --memcheck ${CRASH_ARGS:-} 2>&1 | tee "$OUT/crash_search.log"
+}
+
 # Where each persistent rung's tiles ran, per tile order, at the large square shapes.
 timelines() {
   local shape
@@ -332,6 +349,7 @@ for step in "${STEPS[@]}"; do
     sanitizers) sanitizers ;;
     profile) run_step "ncu profile" profile ;;
     profile_hopper) run_step "ncu profile, wgmma_persistent clusters" profile_hopper ;;
+    crash_search) run_step "which configuration fails (scripts/crash_search.py)" crash_search ;;
     profile_decode) run_step "ncu profile, one token: cuBLAS and wgmma_streamk" profile_decode ;;
     sass) run_step "sm_90a SASS: HGMMA and TMA" sass ;;
     integration) run_step "transformers and diffusers examples, timing" integration ;;

@@ -533,3 +533,22 @@ def test_compare_variants_sets_the_variants_side_by_side(tmp_path, repo_root, su
     (tmp_path / "2026-12-05-variant-cu124-decode.json").unlink()
     done = subprocess.run(cmd, cwd=repo_root, env=subprocess_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "variant-cu124-decode.json" in done.stderr
+
+
+def test_crash_search_lists_its_configurations_and_names_bad_shapes(repo_root, subprocess_env):
+    """crash_search.py tries every rung and order at each shape, the skinny rungs only where b
+    is K-major, and refuses a shape it cannot read before touching a GPU."""
+    def run(*args):
+        return subprocess.run([sys.executable, str(SCRIPTS / "crash_search.py"), *args], cwd=repo_root,
+                              env=subprocess_env, capture_output=True, text=True, timeout=120)
+
+    listed = run("--list", "--shapes", "64x64x64", "8x256x512:kmajor")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert "[0] 64x64x64 tiled" in lines and "[4] 64x64x64 wgmma_persistent" in lines
+    assert not any("64x64x64 " in line and ("splitk" in line or "streamk" in line) for line in lines)
+    assert any(line.endswith("8x256x512:kmajor wgmma_streamk") for line in lines)
+    assert any("8x256x512:kmajor wgmma_persistent cluster_size=2 tile_order=split_tail" in line for line in lines)
+    for bad, message in (("0x1x1", "at least 1"), ("4096x4096", "is not MxNxK"), ("8x8x8:nmajor", "':kmajor'")):
+        done = run("--list", "--shapes", bad)
+        assert done.returncode == 2 and message in done.stderr, (bad, done.stderr)
