@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 from harness.provenance import environment_lines
 from harness.results import RESULTS_DIR, latest_result, result_path
+from harness.timing import geomean
 
 CUDAS = ("cu124", "cu130")
 
@@ -44,11 +44,6 @@ def decode_ratios(run: dict) -> dict[str, float]:
             if ratio:
                 ratios[f"{row['projection']} {row['m']}x{row['n']}x{row['k']} {mode}"] = ratio
     return ratios
-
-
-def geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 def compare(ratios: dict[str, dict[str, float]], tolerance: float) -> list[dict]:
