@@ -32,15 +32,30 @@ BENCHMARK_RUNS = (  # (dtype, preset)
 )
 
 
+def most_ctas(kern: dict, shape, sm_count: int) -> int:
+    """The most CTAs a persistent or stream-K rung's launch may run: tile_config's
+    persistent_ctas (one CTA's count), and for CTA pairs also a pair per two tile rows
+    of each column, at most one CTA per SM; an odd number of tile rows with fewer
+    tiles than SMs makes pairs run more CTAs than single CTAs would."""
+    ctas = int(kern["tile_config"]["persistent_ctas"])
+    cluster = int(kern.get("cluster_size") or 1)
+    if cluster > 1:
+        tiles_m, tiles_n = timeline_data.tile_grid(shape, kern["tile_config"])
+        ctas = max(ctas, min(cluster * -(-tiles_m // cluster) * tiles_n, sm_count))
+    return ctas
+
+
 def timeline_problems(result: dict) -> list[str]:
     """What is wrong with a recorded timeline, if anything: timeline_data's check, and
-    the persistent and stream-K rungs' CTA count against the tile_config's."""
+    the persistent and stream-K rungs' CTA count against what their tile_config allows."""
     problems = timeline_data.timeline_problems(result)
     for name in ("persistent", "wgmma_persistent", "wgmma_streamk"):
         kern = result["kernels"].get(name)
-        ctas = kern and kern["tile_config"].get("persistent_ctas")
-        if kern and kern["parts"] and kern["grid"] > ctas:
-            problems.append(f"{name}: {kern['grid']} CTAs ran, tile_config says {ctas}")
+        if not (kern and kern["parts"]):
+            continue
+        ctas = most_ctas(kern, result["shape"], int(result["sm_count"]))
+        if kern["grid"] > ctas:
+            problems.append(f"{name}: {kern['grid']} CTAs ran, at most {ctas} may (tile_config)")
     return problems
 
 

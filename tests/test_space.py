@@ -886,3 +886,22 @@ def test_record_writes_every_preset_and_refuses_bad_timelines(tmp_path, monkeypa
     written = recorded.load_timelines(tmp_path)
     assert sorted(written) == sorted(recorded.shape_key(s) for s in validation.TIMELINE_PRESETS.values() if s[0] != 16)
     assert recorded.load_benchmark(tmp_path)["rows"]
+
+
+def test_record_allows_cta_pairs_their_half_empty_tile_row():
+    """record.py's CTA-count check: CTA pairs over an odd number of tile rows with fewer
+    tiles than SMs run a CTA per tile row of the last pair, more than tile_config's
+    single-CTA count, and that passes; a launch past one CTA per SM does not."""
+    import record
+
+    # 3 x 2 tiles of 512 on 8 SMs: single CTAs run 6, pairs 2 pairs x 2 columns = 8 CTAs.
+    result = placeholder_timeline((1536, 1024, 256), sm_count=8)
+    kern = result["kernels"]["wgmma_persistent"]
+    kern["tile_config"]["persistent_ctas"], kern["grid"] = 6, 8
+    assert record.most_ctas(kern, result["shape"], 8) == 8
+    assert record.timeline_problems(result) == []
+    kern["grid"] = 9
+    assert record.timeline_problems(result) == ["wgmma_persistent: 9 CTAs ran, at most 8 may (tile_config)"]
+    kern["cluster_size"] = 1  # single CTAs: tile_config's count is the bound
+    kern["grid"] = 8
+    assert record.timeline_problems(result) == ["wgmma_persistent: 8 CTAs ran, at most 6 may (tile_config)"]
