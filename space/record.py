@@ -1,6 +1,6 @@
 """Record the Space's results on a real GPU: the benchmark, and a timeline of every pair at every shape preset.
 
-    LOCAL_KERNELS="persistent-matmul/persistent-matmul=$PWD" python space/record.py [--out DIR] [--skip-benchmark]
+    LOCAL_KERNELS="persistent-matmul/persistent-matmul=$PWD" python space/record.py [--out DIR] [--skip-benchmark | --skip-timelines]
 
 Runs ``gpu_work.run_benchmark`` (every rung: the square sweep and the LLM shapes in
 bfloat16, float16 and float32 on the square sweep, and the Llama-3-8B and -70B
@@ -115,6 +115,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=recorded.recorded_dir())
     parser.add_argument("--skip-benchmark", action="store_true", help="record the timelines only")
+    parser.add_argument("--skip-timelines", action="store_true", help="record the benchmark only")
     args = parser.parse_args()
     info = gpu_work.device_info()
     if info["gpu"] is None or not info["kernel_loaded"]:
@@ -122,7 +123,7 @@ def main() -> int:
         return 2
     print(f"{info['gpu']} ({info['sm_count']} SMs); kernel: {info['kernel']}", flush=True)
     status = 0 if args.skip_benchmark else record_benchmark(args.out)
-    return status or record_timelines(args.out)
+    return status or (0 if args.skip_timelines else record_timelines(args.out))
 
 
 if __name__ == "__main__":

@@ -905,3 +905,23 @@ def test_record_allows_cta_pairs_their_half_empty_tile_row():
     kern["cluster_size"] = 1  # single CTAs: tile_config's count is the bound
     kern["grid"] = 8
     assert record.timeline_problems(result) == ["wgmma_persistent: 8 CTAs ran, at most 6 may (tile_config)"]
+
+
+def test_record_skip_flags_record_one_half(tmp_path, monkeypatch):
+    """record.py --skip-timelines records the benchmark alone, --skip-benchmark the timelines alone."""
+    import gpu_work
+    import record
+
+    calls = []
+    monkeypatch.setattr(gpu_work, "device_info", lambda: {"gpu": PLACEHOLDER_GPU, "sm_count": 8, "kernel_loaded": True,
+                                                          "kernel": "placeholder", "message": ""})
+    monkeypatch.setattr(gpu_work, "kernel_rungs", lambda: ["tiled"])
+    monkeypatch.setattr(gpu_work, "run_benchmark", lambda *a, **kw: calls.append("benchmark") or
+                        {**placeholder_benchmark(), "error": None})
+    monkeypatch.setattr(gpu_work, "run_timeline", lambda m, n, k, kernels: calls.append("timeline") or
+                        placeholder_timeline((m, n, k)))
+    for flag, expected in (("--skip-timelines", {"benchmark"}), ("--skip-benchmark", {"timeline"})):
+        calls.clear()
+        monkeypatch.setattr(sys, "argv", ["record.py", "--out", str(tmp_path / flag), flag])
+        assert record.main() == 0
+        assert set(calls) == expected
