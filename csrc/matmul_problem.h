@@ -77,6 +77,9 @@ struct TileConfig {
   // the launch may run, for the parts of tiles cut in K (at most one a CTA
   // besides the tiles' own rows; tc::timeline_row).
   int64_t timeline_rows = 0;
+  // CTAs per cluster the rung launches where the caller leaves it open
+  // (wgmma_persistent: wgmma_cluster_size_for, where the build has CTA pairs).
+  int64_t cluster_size = 1;
 };
 
 // Each launcher returns the launch error, if any.
@@ -101,6 +104,9 @@ TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device);
 cudaError_t launch_wgmma(const MatmulProblem& problem, cudaStream_t stream);
 cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t stream);
 TileConfig wgmma_tile_config(int64_t m, int64_t n, int device);
+// Whether this build has wgmma_persistent's CTA-pair kernels (cluster_size 2);
+// builds without them run single CTAs only (wgmma_persistent.cu says why).
+bool wgmma_cluster_pairs_built();
 // Rung 7: skinny products (decode shapes), the weights as mma.sync's A
 // operand, K split over each CTA's warps. bf16/fp16; A K-contiguous, B
 // K-major, leading dims multiples of 8 elements, 16-byte-aligned bases

@@ -117,6 +117,20 @@ constexpr bool kSplitTailBuilt =
     true;
 #endif
 
+// Whether this build has the CTA-pair kernels. Built with CUDA 12 (nvcc 12.4,
+// ptxas 12.6) they fault wherever a pair runs more than one tile (4096^3,
+// 256 x 28672 x 4096: "unspecified launch failure", or a hang; memcheck puts
+// it at a consumer's arrival on its partner's empty-stage barrier, H100),
+// while their SASS matches the CUDA 13 build's barrier for barrier and the
+// single-CTA kernels of the same build pass. Such builds run single CTAs,
+// which the op entry asks for (wgmma_cluster_pairs_built).
+constexpr bool kClusterPairsBuilt =
+#if __CUDACC_VER_MAJOR__ < 13
+    false;
+#else
+    true;
+#endif
+
 // Whether the split-tail order splits anything here: SplitTail cuts the last
 // round of tiles (tile pairs) in parts, and the grid fits the workspace.
 // Elsewhere the order runs as the dynamic one (pairs: grouped), which then
@@ -164,10 +178,16 @@ cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t s
   if (cudaError_t err = cudaGetDevice(&device)) return err;
   const int cluster = problem.cluster_size == 0 ? wgmma_cluster_size_for(problem.m) : problem.cluster_size;
   if (cluster == 2) {
-    return problem.timeline ? launch<2, true>(problem, stream, device) : launch<2, false>(problem, stream, device);
+    if constexpr (kClusterPairsBuilt) {
+      return problem.timeline ? launch<2, true>(problem, stream, device) : launch<2, false>(problem, stream, device);
+    } else {
+      return cudaErrorNotSupported;  // the op entry asks this build for single CTAs only
+    }
   }
   return problem.timeline ? launch<1, true>(problem, stream, device) : launch<1, false>(problem, stream, device);
 }
+
+bool wgmma_cluster_pairs_built() { return kClusterPairsBuilt; }
 
 TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
   TileConfig cfg;
@@ -186,6 +206,7 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
     // single CTAs above (an odd number of tile rows, fewer tiles than SMs),
     // but never more than one an SM (their shared memory).
     cfg.timeline_rows = cfg.tiles + tc::sm_count(device);
+    cfg.cluster_size = kClusterPairsBuilt ? wgmma_cluster_size_for(m) : 1;
   };
   if (hopper::use_wide_tile(m, n, tc::sm_count(device))) {
     fill(hopper::WideTile{});

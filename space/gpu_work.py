@@ -413,10 +413,13 @@ def timeline_seconds(m: int, n: int, k: int, kernels=TIMELINE_RUNGS, dtype: str 
                                                       + TIMED_CALLS * flop / (SLOW_TFLOPS[dtype] * 1e12)))
 
 
-def cluster_size(name: str, m: int) -> int:
-    """The CTAs per cluster a rung launches for M rows when left to pick: wgmma_persistent
-    pairs CTAs on vertically adjacent tiles unless the output has one row of tiles
-    (csrc/matmul_problem.h, wgmma_cluster_size_for); the others run single CTAs."""
+def cluster_size(name: str, m: int, tile_config: dict) -> int:
+    """The CTAs per cluster a rung launched for M rows, left to pick: the kernel's
+    tile_config says (CUDA 12 builds never pair CTAs); from builds before it did,
+    wgmma_persistent's rule (pairs of vertically adjacent tiles unless the output
+    has one row of tiles); the others run single CTAs."""
+    if "cluster_size" in tile_config:
+        return int(tile_config["cluster_size"])
     return 2 if name == "wgmma_persistent" and m > 128 else 1
 
 
@@ -484,7 +487,7 @@ def run_timeline(m: int, n: int, k: int, kernels=TIMELINE_RUNGS, dtype: str = "b
             t[:, [start, end]] -= int(t[:, start].min())
         entry["parts"] = timeline_data.parts_from_rows(t.tolist(), columns, k)
         entry["grid"] = len({p[timeline_data.CTA] for p in entry["parts"]})
-        entry["cluster_size"] = cluster_size(name, m)
+        entry["cluster_size"] = cluster_size(name, m, entry["tile_config"])
         seconds, _ = _measure(lambda i, name=name, b_rung=b_rung: pm.matmul(a, b_rung, kernel=name, out=out))
         entry["ms"] = seconds * 1e3
     result["environment"] = environment()

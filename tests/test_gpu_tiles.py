@@ -489,3 +489,24 @@ def test_timeline_needs_a_tensor_core_rung(pm):
     a = torch.randn(8, 8, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="no instrumented build"):
         pm.matmul_timeline(a, a, kernel="naive")
+
+
+def test_cta_pairs_only_where_the_build_has_them(pm, variant_dir):
+    """tile_config gives the cluster size wgmma_persistent picks: pairs over more than
+    one row of tiles in CUDA 13 builds, single CTAs in CUDA 12 builds, whose pair
+    kernels fault (csrc/wgmma_persistent.cu). There cluster_size=2 is refused by name;
+    a shape where pairs would each run several tiles comes out right either way."""
+    skip_unless_runs(pm, "wgmma_persistent")
+    cuda12 = "-cu12" in variant_dir.name
+    assert pm.tile_config(4096, 4096, kernel="wgmma_persistent")["cluster_size"] == (1 if cuda12 else 2)
+    assert pm.tile_config(128, 4096, kernel="wgmma_persistent")["cluster_size"] == 1
+    assert pm.tile_config(4096, 4096, kernel="wgmma")["cluster_size"] == 1
+    a, b = random_operands(4096, 4096, 1024, torch.bfloat16, "cuda")
+    for options in ({}, {"cluster_size": 1}, {"cluster_size": 2}):
+        if cuda12 and options.get("cluster_size") == 2:
+            with pytest.raises(RuntimeError, match=r"cluster_size=2: this build \(CUDA 12\) has no CTA-pair kernels"):
+                pm.matmul(a, b, kernel="wgmma_persistent", **options)
+            continue
+        out = poison(torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda"))
+        pm.matmul(a, b, kernel="wgmma_persistent", out=out, **options)
+        assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16] and nan_count(out) == 0, options

@@ -925,3 +925,16 @@ def test_record_skip_flags_record_one_half(tmp_path, monkeypatch):
         monkeypatch.setattr(sys, "argv", ["record.py", "--out", str(tmp_path / flag), flag])
         assert record.main() == 0
         assert set(calls) == expected
+
+
+def test_timeline_cluster_size_comes_from_the_kernels_tile_config():
+    """run_timeline labels CTA pairs as the kernel's tile_config says (a CUDA 12 build
+    runs single CTAs where a CUDA 13 build pairs them); tile_configs of builds before
+    it said fall back on wgmma_persistent's own rule."""
+    import gpu_work
+
+    assert gpu_work.cluster_size("wgmma_persistent", 4096, {"cluster_size": 1}) == 1
+    assert gpu_work.cluster_size("wgmma_persistent", 4096, {"cluster_size": 2}) == 2
+    assert gpu_work.cluster_size("wgmma_persistent", 4096, {}) == 2
+    assert gpu_work.cluster_size("wgmma_persistent", 128, {}) == 1
+    assert gpu_work.cluster_size("persistent", 4096, {}) == 1

@@ -329,7 +329,11 @@ struct Options {
 // for an m x n output summed over k (k < 1: not known; only wgmma_streamk's grid depends on it).
 persistent_matmul::TileConfig tile_config_for(Rung rung, int64_t m, int64_t n, int64_t k, int device) {
   switch (rung) {
-    case Rung::kWgmma:
+    case Rung::kWgmma: {
+      auto cfg = persistent_matmul::wgmma_tile_config(m, n, device);
+      cfg.cluster_size = 1;  // one CTA per tile, no clusters
+      return cfg;
+    }
     case Rung::kWgmmaPersistent: return persistent_matmul::wgmma_tile_config(m, n, device);
     case Rung::kWgmmaStreamk: return persistent_matmul::wgmma_streamk_tile_config(m, n, k, device);
     default: return persistent_matmul::tensor_core_tile_config(m, n, device);
@@ -435,7 +439,11 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
       STD_TORCH_CHECK(opt.cluster_size != 2 || order != kDynamic,
                       "persistent_matmul: the dynamic tile order runs without clusters (cluster_size=1, or 0 to let "
                       "the kernel pick)");
-      p.cluster_size = opt.cluster_size == 0 ? persistent_matmul::wgmma_cluster_size_for(m)
+      const bool pairs = persistent_matmul::wgmma_cluster_pairs_built();
+      STD_TORCH_CHECK(opt.cluster_size != 2 || pairs,
+                      "persistent_matmul: cluster_size=2: this build (CUDA 12) has no CTA-pair kernels of "
+                      "wgmma_persistent; pass cluster_size=1, or 0 to let the kernel pick");
+      p.cluster_size = opt.cluster_size == 0 ? (pairs ? persistent_matmul::wgmma_cluster_size_for(m) : 1)
                                              : static_cast<int32_t>(opt.cluster_size);
       // Pairs walk a static order: where the kernel picks them, the dynamic
       // order runs as grouped, and no counter is looked up.
@@ -622,7 +630,7 @@ std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::s
   STD_TORCH_CHECK(persistent_matmul::rung_runs_on(*rung, f), "persistent_matmul: kernel '", kernel,
                   "' does not run on cuda:", device, " (compute capability ", f.major, ".", f.minor, ")");
   const auto cfg = tile_config_for(*rung, m, n, k, static_cast<int>(device));
-  return {cfg.block_m, cfg.block_n, cfg.block_k, cfg.tiles, cfg.persistent_ctas, cfg.timeline_rows};
+  return {cfg.block_m, cfg.block_n, cfg.block_k, cfg.tiles, cfg.persistent_ctas, cfg.timeline_rows, cfg.cluster_size};
 }
 
 STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {

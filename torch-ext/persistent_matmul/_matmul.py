@@ -197,7 +197,9 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
     the number of output tiles (= CTAs of the one-CTA-per-tile rung), the
     CTAs its persistent twin launches (what fills the device once) and the
     rows of its timeline (``matmul_timeline``: one per tile, then one per CTA
-    a launch may run, for the parts of tiles cut in K).
+    a launch may run, for the parts of tiles cut in K), and the CTAs per
+    cluster it launches when left to pick (``cluster_size``: 2 where
+    wgmma_persistent pairs CTAs, which CUDA 12 builds never do; else 1).
 
     ``tiled`` and ``persistent`` share one configuration, ``wgmma`` and
     ``wgmma_persistent`` another (Hopper only). ``wgmma_streamk`` (Hopper
@@ -221,7 +223,8 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
     values = ops.tile_config(int(m), int(n), int(index), kernel, 0 if k is None else k)
-    return dict(zip(("block_m", "block_n", "block_k", "tiles", "persistent_ctas", "timeline_rows"), values))
+    return dict(zip(("block_m", "block_n", "block_k", "tiles", "persistent_ctas", "timeline_rows", "cluster_size"),
+                    values))
 
 
 TIMELINE_COLUMNS = ("tile_m", "tile_n", "k_begin", "k_end", "sm", "cta", "start_ns", "end_ns")
