@@ -938,3 +938,25 @@ def test_timeline_cluster_size_comes_from_the_kernels_tile_config():
     assert gpu_work.cluster_size("wgmma_persistent", 4096, {}) == 2
     assert gpu_work.cluster_size("wgmma_persistent", 128, {}) == 1
     assert gpu_work.cluster_size("persistent", 4096, {}) == 1
+
+
+def test_committed_recordings_pass_the_sanity_checks():
+    """What the Space shows without a GPU (space/recorded/) holds a timeline for every
+    shape preset with every kernel of the pairs, each passing record.py's checks (every
+    tile or part once, K covered, SM ids in range, CTA counts the tile_config allows),
+    and a benchmark with rows of every rung on a real GPU."""
+    import record
+    import recorded
+    import validation
+
+    directory = SPACE / "recorded"
+    timelines = recorded.load_timelines(directory)
+    assert sorted(timelines) == sorted(recorded.shape_key(s) for s in validation.TIMELINE_PRESETS.values())
+    for key, result in timelines.items():
+        assert set(result["kernels"]) == set(validation.TIMELINE_KERNELS), key
+        assert all(kern["parts"] for kern in result["kernels"].values()), key
+        assert record.timeline_problems(result) == [], key
+        assert result["environment"]["gpu"] != PLACEHOLDER_GPU
+    benchmark = recorded.load_benchmark(directory)
+    assert {row["rung"] for row in benchmark["rows"]} >= {"cuBLAS", "tiled", "persistent", "wgmma_persistent"}
+    assert benchmark["environment"]["gpu"] != PLACEHOLDER_GPU
