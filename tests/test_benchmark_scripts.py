@@ -552,3 +552,32 @@ def test_crash_search_lists_its_configurations_and_names_bad_shapes(repo_root, s
     for bad, message in (("0x1x1", "at least 1"), ("4096x4096", "is not MxNxK"), ("8x8x8:nmajor", "':kmajor'")):
         done = run("--list", "--shapes", bad)
         assert done.returncode == 2 and message in done.stderr, (bad, done.stderr)
+
+
+def test_crash_search_tells_a_refusal_from_a_failure(monkeypatch, capsys):
+    """A configuration the op turns down (CTA pairs in a CUDA 12 build) is reported as refused
+    and does not fail the search; a child that dies of a kernel fault does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("crash_search", SCRIPTS / "crash_search.py")
+    crash_search = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crash_search)
+    configs = crash_search.configurations(["64x64x64"])
+    fault = {"value": None}
+
+    def fake_run(cmd, **kwargs):
+        (_, _, rung, opts) = configs[int(cmd[cmd.index("--one") + 1])]
+        if opts.get("cluster_size") == 2:
+            return subprocess.CompletedProcess(cmd, 1, "", "RuntimeError: persistent_matmul: cluster_size=2: this "
+                                               "build (CUDA 12) has no CTA-pair kernels of wgmma_persistent")
+        if rung == fault["value"]:
+            return subprocess.CompletedProcess(cmd, 1, "", "RuntimeError: unspecified launch failure")
+        return subprocess.CompletedProcess(cmd, 0, json.dumps({"rel_error": 1e-3}) + "\n", "")
+
+    monkeypatch.setattr(crash_search.subprocess, "run", fake_run)
+    assert crash_search.main(["--shapes", "64x64x64"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("refused by this build: ") == 2 and "0 of 11 configurations failed" in out
+    fault["value"] = "wgmma"
+    assert crash_search.main(["--shapes", "64x64x64"]) == 1
+    assert "[3] 64x64x64 wgmma: FAIL (exit 1): RuntimeError: unspecified launch failure" in capsys.readouterr().out
