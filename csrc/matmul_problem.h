@@ -78,7 +78,7 @@ struct TileConfig {
   // besides the tiles' own rows; tc::timeline_row).
   int64_t timeline_rows = 0;
   // CTAs per cluster the rung launches where the caller leaves it open
-  // (wgmma_persistent: wgmma_cluster_size_for, where the build has CTA pairs).
+  // (wgmma_persistent: wgmma_default_cluster_size).
   int64_t cluster_size = 1;
 };
 
@@ -107,6 +107,9 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int device);
 // Whether this build has wgmma_persistent's CTA-pair kernels (cluster_size 2);
 // builds without them run single CTAs only (wgmma_persistent.cu says why).
 bool wgmma_cluster_pairs_built();
+// wgmma_persistent's cluster size for m rows where the caller leaves it open
+// (cluster_size 0): wgmma_cluster_size_for where the build has pairs, else 1.
+int32_t wgmma_default_cluster_size(int64_t m);
 // Rung 7: skinny products (decode shapes), the weights as mma.sync's A
 // operand, K split over each CTA's warps. bf16/fp16; A K-contiguous, B
 // K-major, leading dims multiples of 8 elements, 16-byte-aligned bases

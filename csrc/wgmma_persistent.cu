@@ -176,7 +176,7 @@ cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t s
   if (problem.m == 0 || problem.n == 0) return cudaSuccess;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
-  const int cluster = problem.cluster_size == 0 ? wgmma_cluster_size_for(problem.m) : problem.cluster_size;
+  const int cluster = problem.cluster_size == 0 ? wgmma_default_cluster_size(problem.m) : problem.cluster_size;
   if (cluster == 2) {
     if constexpr (kClusterPairsBuilt) {
       return problem.timeline ? launch<2, true>(problem, stream, device) : launch<2, false>(problem, stream, device);
@@ -188,6 +188,8 @@ cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t s
 }
 
 bool wgmma_cluster_pairs_built() { return kClusterPairsBuilt; }
+
+int32_t wgmma_default_cluster_size(int64_t m) { return kClusterPairsBuilt ? wgmma_cluster_size_for(m) : 1; }
 
 TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
   TileConfig cfg;
@@ -206,7 +208,7 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
     // single CTAs above (an odd number of tile rows, fewer tiles than SMs),
     // but never more than one an SM (their shared memory).
     cfg.timeline_rows = cfg.tiles + tc::sm_count(device);
-    cfg.cluster_size = kClusterPairsBuilt ? wgmma_cluster_size_for(m) : 1;
+    cfg.cluster_size = wgmma_default_cluster_size(m);
   };
   if (hopper::use_wide_tile(m, n, tc::sm_count(device))) {
     fill(hopper::WideTile{});

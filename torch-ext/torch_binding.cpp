@@ -439,11 +439,10 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
       STD_TORCH_CHECK(opt.cluster_size != 2 || order != kDynamic,
                       "persistent_matmul: the dynamic tile order runs without clusters (cluster_size=1, or 0 to let "
                       "the kernel pick)");
-      const bool pairs = persistent_matmul::wgmma_cluster_pairs_built();
-      STD_TORCH_CHECK(opt.cluster_size != 2 || pairs,
+      STD_TORCH_CHECK(opt.cluster_size != 2 || persistent_matmul::wgmma_cluster_pairs_built(),
                       "persistent_matmul: cluster_size=2: this build (CUDA 12) has no CTA-pair kernels of "
                       "wgmma_persistent; pass cluster_size=1, or 0 to let the kernel pick");
-      p.cluster_size = opt.cluster_size == 0 ? (pairs ? persistent_matmul::wgmma_cluster_size_for(m) : 1)
+      p.cluster_size = opt.cluster_size == 0 ? persistent_matmul::wgmma_default_cluster_size(m)
                                              : static_cast<int32_t>(opt.cluster_size);
       // Pairs walk a static order: where the kernel picks them, the dynamic
       // order runs as grouped, and no counter is looked up.
