@@ -72,7 +72,9 @@ inline bool split_workspace_fits(int64_t ctas, int64_t bm, int64_t bn, int64_t s
 struct TileConfig {
   int64_t block_m = 0, block_n = 0, block_k = 0;
   int64_t tiles = 0;            // output tiles = CTAs of `tiled`
-  int64_t persistent_ctas = 0;  // CTAs of `persistent`: what fills the device once
+  // CTAs of the persistent rung's launch: what fills the device once, capped
+  // at the tiles (wgmma_persistent: split in K, up to one CTA per part)
+  int64_t persistent_ctas = 0;
   // Rows of an instrumented launch's timeline: one per tile, then one per CTA
   // the launch may run, for the parts of tiles cut in K (at most one a CTA
   // besides the tiles' own rows; tc::timeline_row).
@@ -103,7 +105,15 @@ TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device);
 // rules as the tensor-core rungs (tensor_core_operands_ok).
 cudaError_t launch_wgmma(const MatmulProblem& problem, cudaStream_t stream);
 cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t stream);
-TileConfig wgmma_tile_config(int64_t m, int64_t n, int device);
+// wgmma_persistent's tiles of an m x n output; persistent_ctas is the grid of
+// its default launch (the split-tail order, the default cluster size), which
+// for fewer tiles than SMs splits them in K when k is deep enough (k < 1: K
+// not known, taken as deep enough).
+TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device);
+// Whether wgmma_persistent's split-tail order splits tiles of this problem
+// (its cluster_size, 0: the default) in K; elsewhere it runs as the dynamic
+// order (pairs: grouped).
+bool wgmma_split_tail_splits(const MatmulProblem& problem, int device);
 // Whether this build has wgmma_persistent's CTA-pair kernels (cluster_size 2);
 // builds without them run single CTAs only (wgmma_persistent.cu says why).
 bool wgmma_cluster_pairs_built();

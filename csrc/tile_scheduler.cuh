@@ -179,6 +179,10 @@ class TileScheduler {
 // share their A and B slices in L2 (a stream-K split, where each CTA takes an
 // equal stretch of all k-blocks, put every CTA at another k and ran 5-12%
 // slower on the H200 at 4096^3 and 4096x4096x11008, bandwidth-bound).
+// Fewer tiles than CTAs (the products of a few hundred tokens) are a last
+// round of their own: every tile is split, so the launch may run up to
+// `tiles * parts` CTAs where one CTA a tile would leave most SMs idle, each
+// streaming a 1 / parts share of the tile's A and B slices (split-K).
 //
 // Indices [0, whole) are whole tiles in grouped order; index whole + u for u
 // in [0, (tiles - whole) * parts) is part u % parts of tile whole + u / parts.
@@ -203,7 +207,10 @@ struct SplitTail {
   int parts;        // units per split tile (1: nothing is split)
   __host__ __device__ SplitTail(int64_t tiles, int k_blocks, int64_t ctas) {
     const int64_t rest = tiles % ctas;
+    // Fewer tiles than CTAs: all of them. (Two steps: as one expression ptxas
+    // 13.0 serialised the wgmmas of wgmma_persistent's split kernels, C7511.)
     int64_t p = tiles <= ctas || rest == 0 ? 1 : ctas / rest;
+    if (tiles < ctas) p = ctas / tiles;
     p = min_i64(min_i64(p, k_blocks / kMinBlocksPerPart), kMaxParts);
     parts = p < 2 ? 1 : int(p);
     whole = parts == 1 ? tiles : tiles - rest;

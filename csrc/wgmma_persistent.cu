@@ -68,13 +68,11 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(Shape::THREADS
   }
 }
 
-// CTAs that fill the device once: the clusters that can be resident at the
-// same time (SM count, shared memory and the GPCs' layout decide; asked of
-// the runtime once per kernel and device, as the query costs microseconds of
-// host time per call), capped at the number of tile pairs, times the cluster size.
+// The clusters that can be resident at the same time (SM count, shared
+// memory and the GPCs' layout decide): asked of the runtime once per kernel
+// and device, as the query costs microseconds of host time per call.
 template <int CLUSTER, auto kKernel>
-int64_t persistent_grid(int threads, int smem_bytes, int device, int64_t tiles_m, int64_t tiles_n) {
-  const int64_t pairs = ceil_div(tiles_m, CLUSTER) * tiles_n;
+int64_t resident_clusters(int threads, int smem_bytes, int device) {
   static int cached[128] = {};
   const bool cacheable = device >= 0 && device < 128;
   int clusters = cacheable ? cached[device] : 0;
@@ -90,7 +88,7 @@ int64_t persistent_grid(int threads, int smem_bytes, int device, int64_t tiles_m
       cached[device] = clusters;
     }
   }
-  return CLUSTER * min_i64(pairs, clusters);
+  return clusters;
 }
 
 template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE, bool SPLIT>
@@ -131,19 +129,30 @@ constexpr bool kClusterPairsBuilt =
     true;
 #endif
 
-// Whether the split-tail order splits anything here: SplitTail cuts the last
-// round of tiles (tile pairs) in parts, and the grid fits the workspace.
-// Elsewhere the order runs as the dynamic one (pairs: grouped), which then
-// assigns the same whole tiles: the split kernel ran 2-8% slower on the H200
-// at shapes it does not split (2026-12-02).
+// A launch's grid: `ctas` CTAs, and whether they run the split kernel.
+struct LaunchGrid {
+  int64_t ctas;
+  bool split;
+};
+
+// The grid of a launch over an m x n x k product, with `clusters` resident
+// at once. The static and dynamic orders run what fills the device once,
+// capped at the tile pairs. The split-tail order (`split_order`, with the
+// workspace) runs the split kernel where SplitTail cuts tiles: the last,
+// ragged round of many tiles, on the grid that fills the device; or, with
+// fewer tiles than that (a few hundred tokens against a projection's weights),
+// every tile, on a CTA per part. Elsewhere that order runs as the dynamic one
+// (pairs: grouped), which then assigns the same whole tiles: the split kernel
+// ran 2-8% slower on the H200 at shapes it does not split (2026-12-02).
 template <int CLUSTER, typename Shape>
-bool splits_tail(const MatmulProblem& p, int device, int64_t ctas) {
-  if (p.partials == nullptr || p.tile_counter == nullptr ||
-      !split_workspace_fits(ctas, Shape::BM, Shape::BN, tc::sm_count(device))) {
-    return false;
+LaunchGrid launch_grid(int64_t m, int64_t n, int64_t k, bool split_order, int64_t clusters, int sms) {
+  const int64_t stream_tiles = ceil_div(ceil_div(m, Shape::BM), CLUSTER) * ceil_div(n, Shape::BN);
+  if (kSplitTailBuilt<CLUSTER, Shape> && split_order) {
+    const tc::SplitTail split(stream_tiles, int(ceil_div(k, Shape::BK)), clusters);
+    const int64_t ctas = CLUSTER * min_i64(split.indices, clusters);
+    if (split.parts > 1 && split_workspace_fits(ctas, Shape::BM, Shape::BN, sms)) return {ctas, true};
   }
-  const int64_t stream_tiles = ceil_div(ceil_div(p.m, Shape::BM), CLUSTER) * ceil_div(p.n, Shape::BN);
-  return tc::SplitTail(stream_tiles, int(ceil_div(p.k, Shape::BK)), ctas / CLUSTER).parts > 1;
+  return {CLUSTER * min_i64(stream_tiles, clusters), false};
 }
 
 template <int CLUSTER, bool TIMELINE>
@@ -155,19 +164,41 @@ cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device
     constexpr bool kKMajor = decltype(kmajor)::value;
     constexpr auto kernel = wgmma_persistent_kernel<T, Shape, CLUSTER, kKMajor, TIMELINE, false>;
     if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
-    const int64_t ctas = persistent_grid<CLUSTER, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device,
-                                                          ceil_div(problem.m, Shape::BM), ceil_div(problem.n, Shape::BN));
     MatmulProblem p = problem;
+    const bool split_order = p.tile_order == int32_t(tc::TileOrder::kSplitTail) && p.partials != nullptr &&
+                             p.tile_counter != nullptr;
+    const LaunchGrid grid =
+        launch_grid<CLUSTER, Shape>(p.m, p.n, p.k, split_order,
+                                    resident_clusters<CLUSTER, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device),
+                                    tc::sm_count(device));
+    if constexpr (kSplitTailBuilt<CLUSTER, Shape>) {
+      if (grid.split) return launch_kernel<T, Shape, CLUSTER, kKMajor, TIMELINE, true>(p, stream, device, maps, grid.ctas);
+    }
     if (p.tile_order == int32_t(tc::TileOrder::kSplitTail)) {
-      if constexpr (kSplitTailBuilt<CLUSTER, Shape>) {
-        if (splits_tail<CLUSTER, Shape>(p, device, ctas)) {
-          return launch_kernel<T, Shape, CLUSTER, kKMajor, TIMELINE, true>(p, stream, device, maps, ctas);
-        }
-      }
       p.tile_order = int32_t(CLUSTER == 1 ? tc::TileOrder::kDynamic : tc::TileOrder::kGrouped);
     }
-    return launch_kernel<T, Shape, CLUSTER, kKMajor, TIMELINE, false>(p, stream, device, maps, ctas);
+    return launch_kernel<T, Shape, CLUSTER, kKMajor, TIMELINE, false>(p, stream, device, maps, grid.ctas);
   });
+}
+
+// The grid of the default launch (the split-tail order, with the workspace)
+// of a shape in `cluster`-CTA clusters. Every kernel of a shape and cluster
+// size has the same threads and shared memory, so one stands for all.
+template <typename Shape>
+LaunchGrid default_grid(int64_t m, int64_t n, int64_t k, int cluster, int device) {
+  const int sms = tc::sm_count(device);
+  if constexpr (kClusterPairsBuilt) {
+    if (cluster == 2) {
+      constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 2, true, false, false>;
+      tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
+      return launch_grid<2, Shape>(m, n, k, true,
+                                   resident_clusters<2, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device), sms);
+    }
+  }
+  constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 1, true, false, false>;
+  tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
+  return launch_grid<1, Shape>(m, n, k, true, resident_clusters<1, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device),
+                               sms);
 }
 
 }  // namespace
@@ -191,24 +222,21 @@ bool wgmma_cluster_pairs_built() { return kClusterPairsBuilt; }
 
 int32_t wgmma_default_cluster_size(int64_t m) { return kClusterPairsBuilt ? wgmma_cluster_size_for(m) : 1; }
 
-TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
+TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device) {
   TileConfig cfg;
+  const int32_t cluster = wgmma_default_cluster_size(m);
   auto fill = [&](auto shape) {
     using Shape = decltype(shape);
     cfg.block_m = Shape::BM;
     cfg.block_n = Shape::BN;
     cfg.block_k = Shape::BK;
     cfg.tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
-    // Every variant of a shape has the same threads and shared memory, so one stands for all.
-    constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 1, true, false, false>;  // the default
-    tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
-    cfg.persistent_ctas = persistent_grid<1, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device,
-                                                     ceil_div(m, Shape::BM), ceil_div(n, Shape::BN));
-    // A row per SM past the tiles': CTA pairs may run more CTAs than the
-    // single CTAs above (an odd number of tile rows, fewer tiles than SMs),
-    // but never more than one an SM (their shared memory).
+    // K not known: deep enough that the split-tail order's parts are not capped by it.
+    cfg.persistent_ctas = default_grid<Shape>(m, n, k < 1 ? INT32_MAX : k, cluster, device).ctas;
+    // A row per SM past the tiles': no launch runs more than one CTA an SM
+    // (their shared memory), so no more parts of tiles cut in K.
     cfg.timeline_rows = cfg.tiles + tc::sm_count(device);
-    cfg.cluster_size = wgmma_default_cluster_size(m);
+    cfg.cluster_size = cluster;
   };
   if (hopper::use_wide_tile(m, n, tc::sm_count(device))) {
     fill(hopper::WideTile{});
@@ -216,6 +244,13 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int device) {
     fill(hopper::NarrowTile{});
   }
   return cfg;
+}
+
+bool wgmma_split_tail_splits(const MatmulProblem& p, int device) {
+  const int cluster = p.cluster_size == 0 ? wgmma_default_cluster_size(p.m) : p.cluster_size;
+  return hopper::use_wide_tile(p.m, p.n, tc::sm_count(device))
+             ? default_grid<hopper::WideTile>(p.m, p.n, p.k, cluster, device).split
+             : default_grid<hopper::NarrowTile>(p.m, p.n, p.k, cluster, device).split;
 }
 
 }  // namespace persistent_matmul

@@ -25,9 +25,12 @@ TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent",
                  ("wgmma_persistent", "split_tail"), ("wgmma_streamk", None)]
 # Products whose tiles are cut in K: split tail's last, ragged round (persistent
 # splits the 2000 x 4200 x 1024 tiles' in 4 parts on a 132-SM GPU, wgmma_persistent's
-# CTA pairs the 3000^3 ones in 5), and stream-K's decode shapes (32 tiles of 32
-# k-blocks on 132 SMs: every tile in 4 or 5 parts).
+# CTA pairs the 3000^3 ones in 5), wgmma_persistent's split tail where fewer tiles
+# than SMs are all split (128 x 4096 x 4096: 32 tiles in 4 parts; 256 x 4096 x 4096:
+# 32 tile pairs in 2), and stream-K's decode shapes (32 tiles of 32 k-blocks on 132
+# SMs: every tile in 4 or 5 parts).
 CUT_RUNS = [("persistent", "split_tail", (2000, 4200, 1024)), ("wgmma_persistent", "split_tail", (3000, 3000, 3000)),
+            ("wgmma_persistent", "split_tail", (128, 4096, 4096)), ("wgmma_persistent", "split_tail", (256, 4096, 4096)),
             ("wgmma_streamk", None, (16, 4096, 4096)), ("wgmma_streamk", None, (1, 4096, 4096))]
 
 
@@ -81,10 +84,13 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
     if kernel == "wgmma_streamk":  # every CTA has a stretch of the work
         assert ctas == set(range(cfg["persistent_ctas"])), "grid = the CTAs tile_config reports"
     elif kernel in PERSISTENT_RUNGS:
-        if order == "grouped":
-            assert len(ctas) == cfg["persistent_ctas"] <= cfg["tiles"], "grid = the CTAs tile_config reports"
+        # tile_config reports the default launch's grid: the split-tail order's, which
+        # for wgmma_persistent may split fewer tiles than SMs in K, a CTA per part.
+        if order == "grouped":  # a static order: one CTA per tile at most, none cut in K
+            assert len(ctas) == min(cfg["persistent_ctas"], cfg["tiles"]), "grid = the CTAs tile_config reports"
+            assert len(parts) == cfg["tiles"], "whole tiles only"
         else:  # Hilbert strides CTAs over a covering square, dynamic CTAs race: a CTA may get no tile
-            assert len(ctas) <= cfg["persistent_ctas"] <= cfg["tiles"]
+            assert len(ctas) <= cfg["persistent_ctas"]
             assert max(ctas) < cfg["persistent_ctas"], "no CTA beyond the grid tile_config reports"
     else:
         assert ctas == set(range(cfg["tiles"])), f"{kernel} launches one CTA per tile"
@@ -110,11 +116,13 @@ def test_timeline_records_the_parts_of_cut_tiles(pm, kernel, order, shape):
     cut = [t for t, ps in per_tile.items() if len(ps) > 1]
     assert cut, "no tile was cut in K"
     assert any(len({p[CTA] for p in per_tile[t]}) > 1 for t in cut), "no cut tile's parts ran on several CTAs"
-    if kernel == "wgmma_streamk":
-        # Fewer tiles than SMs: every tile is cut, its parts on the CTAs (one an SM)
-        # whose stretches share it.
-        assert len(cut) == len(per_tile), "stream-K cuts every tile here"
+    if m <= 256:
+        # Fewer tiles than SMs: every tile is cut, its parts on CTAs (one an SM) of their own
+        # (stream-K: those whose stretches share it), as many CTAs as tile_config reports.
+        assert len(cut) == len(per_tile), "every tile is cut here"
         assert all(len({p[SM] for p in per_tile[t]}) == len(per_tile[t]) for t in cut), "two parts on one SM"
+        cfg = pm.tile_config(m, n, kernel=kernel, k=k)
+        assert len({p[CTA] for p in parts}) == cfg["persistent_ctas"] > cfg["tiles"], cfg
 
 
 def grouped_tile(t: int, tiles_m: int, tiles_n: int) -> tuple[int, int]:

@@ -299,8 +299,6 @@ std::optional<Tensor> attach_scratch(MatmulProblem& problem, const Tensor& like,
 // Whether a persistent rung's tile order reads the scratch memory.
 bool takes_scratch(int32_t tile_order) { return tile_order == kDynamic || tile_order == kSplitTail; }
 
-using TileConfigOf = persistent_matmul::TileConfig (*)(int64_t m, int64_t n, int device);
-
 // The dynamic order's first tile per CTA is the grouped order's (blockIdx.x),
 // so where the grid holds every tile (small products) it assigns exactly what
 // grouped does, and its counter lookup (host) and last claim (device) are pure
@@ -308,10 +306,18 @@ using TileConfigOf = persistent_matmul::TileConfig (*)(int64_t m, int64_t n, int
 // their one-tile-per-CTA twins by 5-8% at 1024^3 and 16x4096x4096 with the
 // counter. The same holds for the split-tail order, which splits nothing there
 // and whose workspace lookup is then pure cost.
-int32_t order_worth_running(int32_t tile_order, const MatmulProblem& problem, int32_t device,
-                            TileConfigOf tile_config_of) {
+// wgmma_persistent's split-tail order also splits the tiles of a grid that
+// holds every one of them, where that leaves SMs idle
+// (persistent_matmul::wgmma_split_tail_splits): there it keeps its workspace.
+int32_t order_worth_running(int32_t tile_order, const MatmulProblem& problem, int32_t device, Rung rung) {
   if (!takes_scratch(tile_order)) return tile_order;
-  const auto cfg = tile_config_of(problem.m, problem.n, device);
+  if (rung == Rung::kWgmmaPersistent && tile_order == kSplitTail &&
+      persistent_matmul::wgmma_split_tail_splits(problem, device)) {
+    return tile_order;
+  }
+  const auto cfg = rung == Rung::kWgmmaPersistent
+                       ? persistent_matmul::wgmma_tile_config(problem.m, problem.n, problem.k, device)
+                       : persistent_matmul::tensor_core_tile_config(problem.m, problem.n, device);
   return cfg.tiles <= cfg.persistent_ctas ? kGrouped : tile_order;
 }
 
@@ -330,11 +336,11 @@ struct Options {
 persistent_matmul::TileConfig tile_config_for(Rung rung, int64_t m, int64_t n, int64_t k, int device) {
   switch (rung) {
     case Rung::kWgmma: {
-      auto cfg = persistent_matmul::wgmma_tile_config(m, n, device);
+      auto cfg = persistent_matmul::wgmma_tile_config(m, n, k, device);
       cfg.cluster_size = 1;  // one CTA per tile, no clusters
       return cfg;
     }
-    case Rung::kWgmmaPersistent: return persistent_matmul::wgmma_tile_config(m, n, device);
+    case Rung::kWgmmaPersistent: return persistent_matmul::wgmma_tile_config(m, n, k, device);
     case Rung::kWgmmaStreamk: return persistent_matmul::wgmma_streamk_tile_config(m, n, k, device);
     default: return persistent_matmul::tensor_core_tile_config(m, n, device);
   }
@@ -400,9 +406,6 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
   p.out_stride_m = out.row_stride;
   p.out_stride_n = out.col_stride;
 
-  const bool hopper = rung == Rung::kWgmma || rung == Rung::kWgmmaPersistent;
-  const TileConfigOf tile_config_of =
-      hopper ? persistent_matmul::wgmma_tile_config : persistent_matmul::tensor_core_tile_config;
   if (opt.timeline != nullptr && opt.timeline->has_value()) {
     STD_TORCH_CHECK(persistent_matmul::rung_has_timeline(rung), "persistent_matmul: kernel '",
                     persistent_matmul::rung_name(rung), "' has no instrumented build (no timeline)");
@@ -429,7 +432,7 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
       break;
     case Rung::kPersistent: {
       const int32_t order = opt.tile_order < 0 ? kSplitTail : int32_t(opt.tile_order);
-      p.tile_order = order_worth_running(order, p, device, tile_config_of);
+      p.tile_order = order_worth_running(order, p, device, rung);
       if (takes_scratch(p.tile_order)) scratch = attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_persistent(p, stream);
       break;
@@ -447,7 +450,7 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
       // Pairs walk a static order: where the kernel picks them, the dynamic
       // order runs as grouped, and no counter is looked up.
       if (p.cluster_size == 2 && order == kDynamic) order = kGrouped;
-      p.tile_order = order_worth_running(order, p, device, tile_config_of);
+      p.tile_order = order_worth_running(order, p, device, rung);
       if (takes_scratch(p.tile_order)) scratch = attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_wgmma_persistent(p, stream);
       break;
