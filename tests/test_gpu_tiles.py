@@ -54,6 +54,15 @@ def skip_unless_runs(pm, kernel):
         pytest.skip(f"{kernel}: {info.reason}")
 
 
+def pairs_built(pm) -> bool:
+    """Whether this build has wgmma_persistent's CTA-pair kernels (CUDA 12 builds run
+    single CTAs only; test_cta_pairs_only_where_the_build_has_them checks which)."""
+    return pm.tile_config(4096, 4096, kernel="wgmma_persistent")["cluster_size"] == 2
+
+
+NO_PAIRS = "this build has no CTA-pair kernels (CUDA 12)"
+
+
 def sm_count() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count
 
@@ -151,7 +160,7 @@ def test_grouped_order_gives_each_cta_its_strided_tiles(pm, kernel, m, n):
     grid = cfg["persistent_ctas"]
     assert cfg["tiles"] > grid, cfg  # several tiles a CTA, or the walk is not tested
     rows = torch.tensor(timeline_parts(pm, kernel, timeline, m, n, 64, sm_count()))
-    pairs = kernel == "wgmma_persistent" and tiles_m > 1
+    pairs = kernel == "wgmma_persistent" and cfg["cluster_size"] == 2
     for c in range(grid):
         if pairs:
             pair_rows = -(-tiles_m // 2)
@@ -364,6 +373,8 @@ def test_wgmma_persistent_runs_pairs_by_default(pm, m, n):
     timeline shows tiles (2i, j) and (2i + 1, j) on CTAs 2c and 2c + 1 of one
     cluster, which single CTAs in the dynamic order would not keep to."""
     skip_unless_runs(pm, "wgmma_persistent")
+    if not pairs_built(pm):
+        pytest.skip(NO_PAIRS)
     a, b = random_operands(m, n, 256, torch.bfloat16, "cuda")
     out, timeline = pm.matmul_timeline(a, b, kernel="wgmma_persistent")
     torch.cuda.synchronize()
@@ -390,11 +401,12 @@ def test_wgmma_persistent_rejects_a_bad_cluster_size(pm):
 
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (129, 300, 70), (384, 512, 200), (1000, 4104, 333)])
 def test_wgmma_persistent_in_clusters_of_two(pm, m, n, k):
-    """CTA pairs (multicasting B) forced, and single CTAs forced, odd and even tile rows."""
+    """CTA pairs (multicasting B) forced, where the build has them, and single CTAs
+    forced, odd and even tile rows."""
     skip_unless_runs(pm, "wgmma_persistent")
     for b_kmajor in (False, True):
         a, b = random_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=b_kmajor)
-        for cluster_size in (2, 1):
+        for cluster_size in (2, 1) if pairs_built(pm) else (1,):
             out = poison(torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
             pm.matmul(a, b, kernel="wgmma_persistent", out=out, cluster_size=cluster_size)
             torch.cuda.synchronize()
