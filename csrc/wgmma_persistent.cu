@@ -141,16 +141,22 @@ struct LaunchGrid {
 // workspace) runs the split kernel where SplitTail cuts tiles: the last,
 // ragged round of many tiles, on the grid that fills the device; or, with
 // fewer tiles than that (a few hundred tokens against a projection's weights),
-// every tile, on a CTA per part. Elsewhere that order runs as the dynamic one
-// (pairs: grouped), which then assigns the same whole tiles: the split kernel
-// ran 2-8% slower on the H200 at shapes it does not split (2026-12-02).
+// every tile, a CTA per part, where the parts fill at least 7/8 of what fits.
+// On the H100 that split ran 1.11x, 1.38x and 1.14x the speed of whole tiles
+// at 64 x 4096 x 4096 (32 tiles in 4 parts), 64 x 4096 x 14336 (4 parts) and
+// 64 x 8192 x 8192 (64 tiles in 2), but 0.92x at 64 x 6144 x 4096, whose 48
+// tiles in 2 parts leave 36 SMs idle all the same (2026-12-06). Elsewhere that
+// order runs as the dynamic one (pairs: grouped), which then assigns the same
+// whole tiles: the split kernel ran 2-8% slower on the H200 at shapes it does
+// not split (2026-12-02).
 template <int CLUSTER, typename Shape>
 LaunchGrid launch_grid(int64_t m, int64_t n, int64_t k, bool split_order, int64_t clusters, int sms) {
   const int64_t stream_tiles = ceil_div(ceil_div(m, Shape::BM), CLUSTER) * ceil_div(n, Shape::BN);
   if (kSplitTailBuilt<CLUSTER, Shape> && split_order) {
     const tc::SplitTail split(stream_tiles, int(ceil_div(k, Shape::BK)), clusters);
+    const bool fills = stream_tiles > clusters || 8 * split.indices >= 7 * clusters;
     const int64_t ctas = CLUSTER * min_i64(split.indices, clusters);
-    if (split.parts > 1 && split_workspace_fits(ctas, Shape::BM, Shape::BN, sms)) return {ctas, true};
+    if (split.parts > 1 && fills && split_workspace_fits(ctas, Shape::BM, Shape::BN, sms)) return {ctas, true};
   }
   return {CLUSTER * min_i64(stream_tiles, clusters), false};
 }

@@ -118,9 +118,8 @@ def test_split_tail_in_a_cuda_graph(pm, kernel, cluster_size):
 @pytest.mark.parametrize("kernel", ["persistent", "wgmma_persistent"])
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (64, 64, 4096), (4097, 4097, 64), (2000, 4200, 200)])
 def test_split_tail_where_nothing_splits(pm, kernel, m, n, k):
-    """Grids that hold every tile and K too short to split, where the order runs whole
-    tiles (wgmma_persistent splits 64 x 64 x 4096's one tile in 8 parts: fewer tiles
-    than SMs), and 4097^3's one tile per CTA: bit-exact."""
+    """Grids that hold every tile (wgmma_persistent: too few to fill the SMs when split),
+    and K too short to split: the order runs whole tiles, bit-exact."""
     skip_unless_runs(pm, kernel)
     a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda")
     out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
@@ -130,20 +129,29 @@ def test_split_tail_where_nothing_splits(pm, kernel, m, n, k):
 
 
 # Fewer tiles than SMs, which wgmma_persistent's split-tail order splits in K, every
-# one of them (tc::SplitTail): Llama-3 projections at 64-256 tokens (single CTAs for
-# one row of tiles, pairs above), a narrow weight (8 tiles, 8 parts each), the
-# fewest k-blocks a split takes (9: 2 parts) and a K tail.
-UNDERFILLED_SHAPES = [(64, 4096, 4096), (128, 6144, 4096), (256, 4096, 14336), (200, 1000, 4104), (100, 1000, 520)]
+# one of them, where the parts fill the SMs (csrc/wgmma_persistent.cu, launch_grid):
+# Llama-3 projections at 64-256 tokens (single CTAs for one row of tiles, pairs
+# above), a narrow weight (8 tiles, or 8 tile pairs, 8 parts each), and K with a
+# tail whose 17 k-blocks make 4 parts of 4 and 5.
+UNDERFILLED_SHAPES = [(64, 4096, 4096), (128, 8192, 8192), (256, 4096, 14336), (200, 1000, 4104), (100, 4096, 1040)]
+
+
+def skip_unless_underfilled_split_built(variant_dir):
+    """CUDA 12 builds have neither the single-CTA split kernel of 128-wide tiles, the
+    tiles of every output with fewer tiles than SMs, nor CTA pairs: they split none."""
+    if "-cu12" in variant_dir.name:
+        pytest.skip("CUDA 12 builds do not split 128-wide tiles (csrc/wgmma_persistent.cu)")
 
 
 @pytest.mark.parametrize("cluster_size", [None, 1], ids=["default", "single-ctas"])
 @pytest.mark.parametrize("b_kmajor", [False, True], ids=["b-n-major", "b-k-major"])
 @pytest.mark.parametrize("m, n, k", UNDERFILLED_SHAPES)
-def test_split_tail_splits_fewer_tiles_than_sms(pm, m, n, k, b_kmajor, cluster_size):
+def test_split_tail_splits_fewer_tiles_than_sms(pm, variant_dir, m, n, k, b_kmajor, cluster_size):
     """wgmma_persistent launches a CTA per part where the tiles alone would leave SMs
     idle (tile_config's grid exceeds the tiles), in both B layouts (K-major:
     nn.Linear's weights), with a bias, fp16 and bf16: bit-exact."""
     skip_unless_runs(pm, "wgmma_persistent")
+    skip_unless_underfilled_split_built(variant_dir)
     cfg = pm.tile_config(m, n, kernel="wgmma_persistent", k=k)
     assert cfg["tiles"] < cfg["persistent_ctas"] <= torch.cuda.get_device_properties(0).multi_processor_count, cfg
     for dtype in (torch.bfloat16, torch.float16):
@@ -156,10 +164,11 @@ def test_split_tail_splits_fewer_tiles_than_sms(pm, m, n, k, b_kmajor, cluster_s
 
 
 @pytest.mark.parametrize("m, n, k", [(128, 4096, 4096), (256, 4096, 4096)])
-def test_split_tail_of_fewer_tiles_than_sms_in_a_cuda_graph(pm, m, n, k):
+def test_split_tail_of_fewer_tiles_than_sms_in_a_cuda_graph(pm, variant_dir, m, n, k):
     """The split of every tile (single CTAs, then pairs) replays in a CUDA graph with
     the graph's own workspace, interleaved with eager calls: bit-exact."""
     skip_unless_runs(pm, "wgmma_persistent")
+    skip_unless_underfilled_split_built(variant_dir)
     cfg = pm.tile_config(m, n, kernel="wgmma_persistent", k=k)
     assert cfg["tiles"] < cfg["persistent_ctas"], cfg
     check_graph_replays(lambda a, b, out: pm.matmul(a, b, kernel="wgmma_persistent", out=out), m, n, k,

@@ -107,12 +107,14 @@ def test_timeline_covers_every_tile_once(pm, kernel, order, m, n, k):
 
 
 @pytest.mark.parametrize("kernel, order, shape", CUT_RUNS, ids=run_ids(CUT_RUNS))
-def test_timeline_records_the_parts_of_cut_tiles(pm, kernel, order, shape):
+def test_timeline_records_the_parts_of_cut_tiles(pm, variant_dir, kernel, order, shape):
     """Where split tail or stream-K cuts tiles in K, the instrumented build runs that
     cut and records each part once: the tiles' K-ranges cover K once, parts of one
     tile run on several SMs, and the product is still right."""
     skip_unless_runs(pm, kernel)
     m, n, k = shape
+    if kernel == "wgmma_persistent" and m <= 256 and "-cu12" in variant_dir.name:
+        pytest.skip("CUDA 12 builds do not split 128-wide tiles (csrc/wgmma_persistent.cu)")
     b_kmajor = kernel == "wgmma_streamk"  # its weights' layout: B = W.t() for W of N x K
     a, b = random_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=b_kmajor)
     out, timeline = pm.matmul_timeline(a, b, kernel=kernel, tile_order=order)
