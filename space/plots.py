@@ -407,7 +407,8 @@ def timeline_summary(result: dict, kernels: tuple[str, ...] | list[str] | None =
         "fill the GPU once; each loops over tiles and loads the next tile while storing this one, so gaps "
         "between tiles shrink. **wgmma_persistent** runs CTA pairs (clusters) that share B's loads; lines "
         "join a pair's tiles. Split tail cuts the last, ragged round's tiles in K so the SMs it would leave "
-        "idle share them. **wgmma_streamk** (stream-K, for decode shapes) cuts all the work, every tile's "
+        "idle share them; where there are fewer tiles than SMs, **wgmma_persistent** cuts every tile in K, "
+        "a CTA per part, if the parts fill the SMs. **wgmma_streamk** (stream-K, for decode shapes) cuts all the work, every tile's "
         "k-blocks one after another, into one equal stretch per SM: a tile whose k-blocks fall into several "
         "stretches runs as parts on several SMs at once, and the CTA that finishes last adds them up. "
         "*Idle SM-time* is the share of SMs x span with nothing running.",
