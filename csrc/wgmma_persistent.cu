@@ -22,7 +22,8 @@
 // limit), 2026-11-30. Pairs walk the grouped (or Hilbert) order of tile
 // pairs; the dynamic order is the single CTAs'. The split-tail order (single
 // CTAs dynamic, pairs static) splits the tiles of the last, ragged round in K
-// (hopper::SplitTailUnits; tile_scheduler.cuh).
+// (hopper::SplitTailUnits; tile_scheduler.cuh), and where there are fewer
+// tiles than SMs, every tile, a CTA per part (launch_grid).
 //
 // Each launch is a programmatic dependent launch: its CTAs are scheduled
 // while the kernel before them in the stream finishes (from the moment every
@@ -142,10 +143,12 @@ struct LaunchGrid {
 // ragged round of many tiles, on the grid that fills the device; or, with
 // fewer tiles than that (a few hundred tokens against a projection's weights),
 // every tile, a CTA per part, where the parts fill at least 7/8 of what fits.
-// On the H100 that split ran 1.11x, 1.38x and 1.14x the speed of whole tiles
-// at 64 x 4096 x 4096 (32 tiles in 4 parts), 64 x 4096 x 14336 (4 parts) and
-// 64 x 8192 x 8192 (64 tiles in 2), but 0.92x at 64 x 6144 x 4096, whose 48
-// tiles in 2 parts leave 36 SMs idle all the same (2026-12-06). Elsewhere that
+// On the H100, with nn.Linear's weights, that split ran 1.02-1.35x the speed
+// of whole tiles where it splits the Llama-3 projections at 64-256 tokens
+// (1.31x at 128 x 4096 x 14336, 1.15x at 64 x 4096 x 4096) but 0.96x at
+// 128 x 8192 x 8192, and 0.92x at 64 x 6144 x 4096, whose 48 tiles in 2 parts
+// would leave 36 SMs idle all the same (2026-12-06; benchmarks/NOTES.md,
+// "Why fewer tiles than SMs are split in K"). Elsewhere that
 // order runs as the dynamic one (pairs: grouped), which then assigns the same
 // whole tiles: the split kernel ran 2-8% slower on the H200 at shapes it does
 // not split (2026-12-02).

@@ -195,8 +195,10 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
                 kernel: str = "persistent", k: int | None = None) -> dict[str, int]:
     """How a rung with tiles cuts an m x n output on ``device``: block sizes,
     the number of output tiles (= CTAs of the one-CTA-per-tile rung), the
-    CTAs its persistent twin launches (what fills the device once) and the
-    rows of its timeline (``matmul_timeline``: one per tile, then one per CTA
+    CTAs its persistent twin launches (what fills the device once, at most a
+    CTA per tile; wgmma_persistent's default launch may split fewer tiles than
+    SMs in K, a CTA per part, which depends on ``k``) and the rows of its
+    timeline (``matmul_timeline``: one per tile, then one per CTA
     a launch may run, for the parts of tiles cut in K), and the CTAs per
     cluster it launches when left to pick (``cluster_size``: 2 where
     wgmma_persistent pairs CTAs, which CUDA 12 builds never do; else 1).
@@ -206,7 +208,8 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
     only) has tiles of block_m tokens (output rows) by block_n = 128 weight
     rows (output columns), k-blocks of block_k = 128, and launches one CTA an
     SM but no more than there are (tile, k-block) work items: its grid
-    depends on ``k``, the product's depth (None: deep enough for every SM).
+    depends on ``k``, the product's depth (None: deep enough for every SM),
+    as wgmma_persistent's does.
     """
     _check_kernel_name(kernel)
     if kernel == "auto" or not RUNGS[kernel].has_timeline:
