@@ -426,6 +426,14 @@ def write_reports(out_dir: Path, kind: str, report: dict, rows: list[dict], case
 # --------------------------------------------------------------------------- main
 
 
+def result_kind(named_rungs: list[str], quick: bool) -> str:
+    """The results' kind: ``correctness`` for every rung that runs here (the run of
+    record), else ``correctness-<rungs>``; ``-quick`` for --quick. Rung names' underscores
+    become hyphens, as a kind is [a-z0-9-] (benchmarks/results/README.md)."""
+    parts = ["correctness", *(["quick"] if quick else []), *named_rungs]
+    return "-".join(parts).replace("_", "-")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", nargs="+", default=None,
@@ -509,8 +517,7 @@ def main(argv=None) -> int:
     rows = summarize(cases)
     any_failed = any(c.status not in ("pass", "not run") for c in cases)
     result = "FAIL" if any_failed or stopped else "PASS"
-    # Every rung that runs here: the plain kind, the run of record; else the rungs are named.
-    kind = "-".join(["correctness", *(["quick"] if args.quick else []), *(rungs if args.kernels else [])])
+    kind = result_kind(rungs if args.kernels else [], args.quick)
     reproduce = (f"python scripts/correctness_sweep.py --seed {seed} --kernels {' '.join(rungs)}"
                  f"{' --quick' if args.quick else ''}{f' --fuzz {args.fuzz}' if args.fuzz else ''}"
                  f"{f' --budget {args.budget:g}' if args.budget != DEFAULT_BUDGET_S else ''}")

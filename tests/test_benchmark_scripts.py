@@ -407,6 +407,16 @@ def test_the_recorded_benchmark_of_record_renders():
 # --- the correctness sweep's summary ------------------------------------------------------
 
 
+def test_sweep_result_kind_names_the_rungs_in_the_name_scheme():
+    """The sweep's kind is what benchmarks/results/ takes: rung names' underscores become hyphens."""
+    import correctness_sweep as sweep
+
+    assert sweep.result_kind([], False) == "correctness"
+    assert sweep.result_kind([], True) == "correctness-quick"
+    assert sweep.result_kind(["splitk", "wgmma_streamk"], False) == "correctness-splitk-wgmma-streamk"
+    assert sweep.result_kind(["wgmma_persistent"], True) == "correctness-quick-wgmma-persistent"
+
+
 def test_correctness_summary_is_compact_and_cases_only_on_request(tmp_path):
     import correctness_sweep as sweep
 
