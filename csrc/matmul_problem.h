@@ -110,10 +110,12 @@ cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t s
 // for fewer tiles than SMs splits them in K when k is deep enough (k < 1: K
 // not known, taken as deep enough).
 TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device);
-// Whether wgmma_persistent's split-tail order splits tiles of this problem
-// (its cluster_size, 0: the default) in K; elsewhere it runs as the dynamic
-// order (pairs: grouped).
-bool wgmma_split_tail_splits(const MatmulProblem& problem, int device);
+// The tile order worth running for wgmma_persistent's `tile_order` on this
+// problem (its cluster_size, 0: the default): the split-tail order where it
+// splits tiles in K, else grouped where the grid holds every tile (the dynamic
+// and split-tail orders would assign the same tiles, their counter and
+// workspace pure cost), else `tile_order` itself.
+int32_t wgmma_order_worth_running(int32_t tile_order, const MatmulProblem& problem, int device);
 // Whether this build has wgmma_persistent's CTA-pair kernels (cluster_size 2);
 // builds without them run single CTAs only (wgmma_persistent.cu says why).
 bool wgmma_cluster_pairs_built();

@@ -190,24 +190,38 @@ cudaError_t launch(const MatmulProblem& problem, cudaStream_t stream, int device
   });
 }
 
-// The grid of the default launch (the split-tail order, with the workspace)
-// of a shape in `cluster`-CTA clusters. Every kernel of a shape and cluster
-// size has the same threads and shared memory, so one stands for all.
+// The grid of a launch (the split-tail order with the workspace where
+// `split_order`) of an m x n x k product in `cluster`-CTA clusters, with the
+// tile shape the launch picks; `tiles`: its output tiles. Every kernel of a
+// shape and cluster size has the same threads and shared memory, so one
+// stands for all.
+struct GridOfShape {
+  LaunchGrid grid;
+  int64_t tiles;
+};
 template <typename Shape>
-LaunchGrid default_grid(int64_t m, int64_t n, int64_t k, int cluster, int device) {
+GridOfShape grid_of_shape(int64_t m, int64_t n, int64_t k, bool split_order, int cluster, int device) {
   const int sms = tc::sm_count(device);
+  const int64_t tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
   if constexpr (kClusterPairsBuilt) {
     if (cluster == 2) {
       constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 2, true, false, false>;
       tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
-      return launch_grid<2, Shape>(m, n, k, true,
-                                   resident_clusters<2, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device), sms);
+      return {launch_grid<2, Shape>(m, n, k, split_order,
+                                    resident_clusters<2, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device), sms),
+              tiles};
     }
   }
   constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 1, true, false, false>;
   tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
-  return launch_grid<1, Shape>(m, n, k, true, resident_clusters<1, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device),
-                               sms);
+  return {launch_grid<1, Shape>(m, n, k, split_order,
+                                resident_clusters<1, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device), sms),
+          tiles};
+}
+GridOfShape grid_of(int64_t m, int64_t n, int64_t k, bool split_order, int cluster, int device) {
+  return hopper::use_wide_tile(m, n, tc::sm_count(device))
+             ? grid_of_shape<hopper::WideTile>(m, n, k, split_order, cluster, device)
+             : grid_of_shape<hopper::NarrowTile>(m, n, k, split_order, cluster, device);
 }
 
 }  // namespace
@@ -241,7 +255,7 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device) {
     cfg.block_k = Shape::BK;
     cfg.tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
     // K not known: deep enough that the split-tail order's parts are not capped by it.
-    cfg.persistent_ctas = default_grid<Shape>(m, n, k < 1 ? INT32_MAX : k, cluster, device).ctas;
+    cfg.persistent_ctas = grid_of_shape<Shape>(m, n, k < 1 ? INT32_MAX : k, true, cluster, device).grid.ctas;
     // A row per SM past the tiles': no launch runs more than one CTA an SM
     // (their shared memory), so no more parts of tiles cut in K.
     cfg.timeline_rows = cfg.tiles + tc::sm_count(device);
@@ -255,11 +269,13 @@ TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device) {
   return cfg;
 }
 
-bool wgmma_split_tail_splits(const MatmulProblem& p, int device) {
+int32_t wgmma_order_worth_running(int32_t tile_order, const MatmulProblem& p, int device) {
+  const auto split_tail = int32_t(tc::TileOrder::kSplitTail);
+  if (tile_order != split_tail && tile_order != int32_t(tc::TileOrder::kDynamic)) return tile_order;
   const int cluster = p.cluster_size == 0 ? wgmma_default_cluster_size(p.m) : p.cluster_size;
-  return hopper::use_wide_tile(p.m, p.n, tc::sm_count(device))
-             ? default_grid<hopper::WideTile>(p.m, p.n, p.k, cluster, device).split
-             : default_grid<hopper::NarrowTile>(p.m, p.n, p.k, cluster, device).split;
+  const GridOfShape launch = grid_of(p.m, p.n, p.k, tile_order == split_tail, cluster, device);
+  if (launch.grid.split) return tile_order;
+  return launch.tiles <= launch.grid.ctas ? int32_t(tc::TileOrder::kGrouped) : tile_order;
 }
 
 }  // namespace persistent_matmul

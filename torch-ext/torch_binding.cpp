@@ -306,18 +306,11 @@ bool takes_scratch(int32_t tile_order) { return tile_order == kDynamic || tile_o
 // their one-tile-per-CTA twins by 5-8% at 1024^3 and 16x4096x4096 with the
 // counter. The same holds for the split-tail order, which splits nothing there
 // and whose workspace lookup is then pure cost.
-// wgmma_persistent's split-tail order also splits the tiles of a grid that
-// holds every one of them, where that leaves SMs idle
-// (persistent_matmul::wgmma_split_tail_splits): there it keeps its workspace.
-int32_t order_worth_running(int32_t tile_order, const MatmulProblem& problem, int32_t device, Rung rung) {
+// (wgmma_persistent applies the same rule, persistent_matmul::wgmma_order_worth_running,
+// where its split-tail order also splits the tiles of a grid that holds them all.)
+int32_t order_worth_running(int32_t tile_order, const MatmulProblem& problem, int32_t device) {
   if (!takes_scratch(tile_order)) return tile_order;
-  if (rung == Rung::kWgmmaPersistent && tile_order == kSplitTail &&
-      persistent_matmul::wgmma_split_tail_splits(problem, device)) {
-    return tile_order;
-  }
-  const auto cfg = rung == Rung::kWgmmaPersistent
-                       ? persistent_matmul::wgmma_tile_config(problem.m, problem.n, problem.k, device)
-                       : persistent_matmul::tensor_core_tile_config(problem.m, problem.n, device);
+  const auto cfg = persistent_matmul::tensor_core_tile_config(problem.m, problem.n, device);
   return cfg.tiles <= cfg.persistent_ctas ? kGrouped : tile_order;
 }
 
@@ -432,7 +425,7 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
       break;
     case Rung::kPersistent: {
       const int32_t order = opt.tile_order < 0 ? kSplitTail : int32_t(opt.tile_order);
-      p.tile_order = order_worth_running(order, p, device, rung);
+      p.tile_order = order_worth_running(order, p, device);
       if (takes_scratch(p.tile_order)) scratch = attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_persistent(p, stream);
       break;
@@ -450,7 +443,7 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
       // Pairs walk a static order: where the kernel picks them, the dynamic
       // order runs as grouped, and no counter is looked up.
       if (p.cluster_size == 2 && order == kDynamic) order = kGrouped;
-      p.tile_order = order_worth_running(order, p, device, rung);
+      p.tile_order = persistent_matmul::wgmma_order_worth_running(order, p, device);
       if (takes_scratch(p.tile_order)) scratch = attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_wgmma_persistent(p, stream);
       break;
