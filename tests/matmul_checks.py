@@ -18,6 +18,15 @@ from harness.checks import (DECODE_M, DTYPE_NAMES, EXACT_INT_LIMIT, EXACT_INT_MA
 from harness.kernel import CLUSTER_SIZES, CLUSTER_VARIANT, TILE_ORDER_VARIANTS, run_variant  # noqa: F401
 
 
+def built_with_cuda12(variant_dir) -> bool:
+    """Whether a variant folder (build/<variant>/) holds a CUDA 12 build: those run
+    wgmma_persistent in single CTAs and split no 128-wide tile (csrc/wgmma_persistent.cu)."""
+    return "-cu12" in variant_dir.name
+
+
+NO_UNDERFILLED_SPLIT = "CUDA 12 builds do not split 128-wide tiles (csrc/wgmma_persistent.cu)"
+
+
 def check_graph_replays(run, m: int, n: int, k: int, what: str, replays: int = 3) -> None:
     """Captures ``run(a, b, out)`` (bf16 small-integer operands) into a CUDA graph on a
     side stream after one eager warm-up call, then per replay: fresh operands copied in,

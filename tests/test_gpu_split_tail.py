@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from matmul_checks import (TOLERANCE, check_exact, check_graph_replays, exact_int_bias, exact_int_operands, matmul_error, poison,
-                           random_operands, timeline_parts)
+from matmul_checks import (NO_UNDERFILLED_SPLIT, TOLERANCE, built_with_cuda12, check_exact, check_graph_replays,
+                           exact_int_bias, exact_int_operands, matmul_error, poison, random_operands, timeline_parts)
 
 pytestmark = pytest.mark.gpu
 
@@ -139,8 +139,8 @@ UNDERFILLED_SHAPES = [(64, 4096, 4096), (128, 8192, 8192), (256, 4096, 14336), (
 def skip_unless_underfilled_split_built(variant_dir):
     """CUDA 12 builds have neither the single-CTA split kernel of 128-wide tiles, the
     tiles of every output with fewer tiles than SMs, nor CTA pairs: they split none."""
-    if "-cu12" in variant_dir.name:
-        pytest.skip("CUDA 12 builds do not split 128-wide tiles (csrc/wgmma_persistent.cu)")
+    if built_with_cuda12(variant_dir):
+        pytest.skip(NO_UNDERFILLED_SPLIT)
 
 
 @pytest.mark.parametrize("cluster_size", [None, 1], ids=["default", "single-ctas"])

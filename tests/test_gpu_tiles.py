@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from matmul_checks import (TOLERANCE, check_exact, check_graph_replays, exact_int_bias, exact_int_operands, matmul_error, nan_count,
-                           poison, random_operands, timeline_parts)
+from matmul_checks import (NO_UNDERFILLED_SPLIT, TOLERANCE, built_with_cuda12, check_exact, check_graph_replays,
+                           exact_int_bias, exact_int_operands, matmul_error, nan_count, poison, random_operands,
+                           timeline_parts)
 
 pytestmark = pytest.mark.gpu
 
@@ -113,8 +114,8 @@ def test_timeline_records_the_parts_of_cut_tiles(pm, variant_dir, kernel, order,
     tile run on several SMs, and the product is still right."""
     skip_unless_runs(pm, kernel)
     m, n, k = shape
-    if kernel == "wgmma_persistent" and m <= 256 and "-cu12" in variant_dir.name:
-        pytest.skip("CUDA 12 builds do not split 128-wide tiles (csrc/wgmma_persistent.cu)")
+    if kernel == "wgmma_persistent" and m <= 256 and built_with_cuda12(variant_dir):
+        pytest.skip(NO_UNDERFILLED_SPLIT)
     b_kmajor = kernel == "wgmma_streamk"  # its weights' layout: B = W.t() for W of N x K
     a, b = random_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=b_kmajor)
     out, timeline = pm.matmul_timeline(a, b, kernel=kernel, tile_order=order)
@@ -519,7 +520,7 @@ def test_cta_pairs_only_where_the_build_has_them(pm, variant_dir):
     kernels fault (csrc/wgmma_persistent.cu). There cluster_size=2 is refused by name;
     a shape where pairs would each run several tiles comes out right either way."""
     skip_unless_runs(pm, "wgmma_persistent")
-    cuda12 = "-cu12" in variant_dir.name
+    cuda12 = built_with_cuda12(variant_dir)
     assert pm.tile_config(4096, 4096, kernel="wgmma_persistent")["cluster_size"] == (1 if cuda12 else 2)
     assert pm.tile_config(128, 4096, kernel="wgmma_persistent")["cluster_size"] == 1
     assert pm.tile_config(4096, 4096, kernel="wgmma")["cluster_size"] == 1

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from matmul_checks import built_with_cuda12
+
 REPO = Path(__file__).resolve().parent.parent
 REPO_ID = "persistent-matmul/persistent-matmul"
 sys.path.insert(0, str(REPO / "space"))
@@ -50,8 +52,8 @@ def test_gpu_work_on_gpu(monkeypatch, tmp_path):
     if hopper:
         # M = 1024: pairs of tile rows, where the build has them (not CUDA 12 builds)
         pm, _ = gpu_work.load_kernel()
-        cuda12 = "-cu12" in Path(pm.__file__).parent.name
-        assert timeline["kernels"]["wgmma_persistent"]["cluster_size"] == (1 if cuda12 else 2)
+        expected = 1 if built_with_cuda12(Path(pm.__file__).parent) else 2
+        assert timeline["kernels"]["wgmma_persistent"]["cluster_size"] == expected
         # A decode shape: stream-K cuts each of its 32 tiles into parts on several SMs.
         import timeline_data
 
