@@ -339,12 +339,13 @@ __device__ __forceinline__ void record_units(const MatmulProblem& p, const volat
     named_barrier_sync(kUnitEnd, kRecordingThreads<Shape>);
     // bar.sync lets a warp go on issuing until its next memory access, so a
     // clock read right after it may run before the barrier completes (every
-    // end read so equal to its start). The load here waits for the barrier,
-    // and the branch on it holds the clock read back, as `done` does for start.
-    if (recording.done < 0) return;
-    const int64_t end = tc::global_timer_ns();
+    // end read so equal to its start). The note's load here waits for the
+    // barrier, and the branch on it holds the clock read back, as `done` does
+    // for start. (Not `done` itself: a consumer may be setting it by now.)
     const volatile UnitNote& note = recording.notes[unit % kUnitNotes];
     const tc::TileCoord tile{note.tile.m, note.tile.n};
+    if (tile.m < 0) return;
+    const int64_t end = tc::global_timer_ns();
     if (threadIdx.x % 32 == 0 && tile.m < tiles_m) {  // a tile below the output is not recorded
       static_cast<tc::TileRecord*>(p.timeline)[tc::timeline_row(tile, tiles_m, tiles_n, note.slot)] = {
           tile.m, tile.n, int64_t(note.k_blocks.begin) * Shape::BK,
@@ -875,8 +876,11 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       if constexpr (TIMELINE) named_barrier_sync(kUnitEnd, kRecordingThreads<Shape>);
     }
     if constexpr (TIMELINE) {  // no unit left: the recording warp stops
+      // A sync, not an arrive: a barrier every party waits at orders the
+      // write of `done` before the recording warp's read, for
+      // compute-sanitizer's racecheck too (it reported the arrive's as a race).
       if (threadIdx.x == 128) recording.done = 1;
-      named_barrier_arrive(kUnitStart, kRecordingThreads<Shape>);
+      named_barrier_sync(kUnitStart, kRecordingThreads<Shape>);
     }
     if (store_by_tma) {
       store_pending_boxes<Shape, kAtEnd, Shape::BN / 64>(out, consumer, pending);  // the last tile's rest
