@@ -125,7 +125,7 @@ def test_auto_takes_the_skinny_rungs_where_choose_kernel_says(pm, gen):
         rung = choose(props.major, props.minor, props.multi_processor_count, torch.bfloat16, m, n, k, True)
         a, b = random_operands(m, n, k, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
         assert torch.equal(pm.matmul(a, b), pm.matmul(a, b, kernel=rung)), (m, n, k, rung)
-        streamk = hopper and ((m <= 32 and n * k >= 80_000_000) or (m <= 64 and k >= 14336))
+        streamk = hopper and m <= 32 and n * k >= 80_000_000
         assert (rung == "wgmma_streamk") == streamk, (m, n, k, rung)
         assert (rung == "splitk") == (m <= 32 and not streamk), (m, n, k, rung)
 

@@ -51,10 +51,10 @@ def test_splitk_from_1024_weight_rows(pm, sms):
 
 
 @pytest.mark.parametrize("sms", [60, 132])
-def test_streamk_for_large_weights_and_long_rows_on_hopper_only(pm, sms):
-    """wgmma_streamk up to 32 tokens from 80 M weight elements on, and up to 64 tokens
-    from 14336-element weight rows on; K-major weights, fp16/bf16, compute capability
-    9.0 only (its sm_90a code); splitk or the tile rungs elsewhere."""
+def test_streamk_for_large_weights_on_hopper_only(pm, sms):
+    """wgmma_streamk up to 32 tokens from 80 M weight elements on; K-major weights,
+    fp16/bf16, compute capability 9.0 only (its sm_90a code); splitk or the tile rungs
+    elsewhere, long weight rows included (wgmma_persistent's split past 32 tokens)."""
     choose = pm._matmul.ops.choose_kernel
     big = (10000, 8000)  # exactly 80 M elements
     assert choose(9, 0, sms, torch.bfloat16, 32, *big, True) == "wgmma_streamk"
@@ -63,10 +63,10 @@ def test_streamk_for_large_weights_and_long_rows_on_hopper_only(pm, sms):
     assert choose(9, 0, sms, torch.bfloat16, 33, *big, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 1, *big, False) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.float32, 1, *big, True) == "warptiled"
-    assert choose(9, 0, sms, torch.bfloat16, 64, 4096, 14336, True) == "wgmma_streamk"
-    assert choose(9, 0, sms, torch.bfloat16, 64, 64, 14336, True) == "wgmma_streamk"
-    assert choose(9, 0, sms, torch.bfloat16, 65, 4096, 14336, True) == "wgmma_persistent"
-    assert choose(9, 0, sms, torch.bfloat16, 64, 4096, 14335, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 16, 4096, 14336, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 33, 4096, 14336, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 64, 8192, 28672, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 32, 8192, 28672, True) == "wgmma_streamk"
     for major, minor in ((8, 0), (10, 0), (12, 0)):
         assert choose(major, minor, sms, torch.bfloat16, 1, *big, True) == "splitk"
 

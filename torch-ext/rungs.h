@@ -77,16 +77,13 @@ constexpr int64_t kSplitkAutoMinRows = 1024;
 
 // On Hopper, wgmma_streamk instead, where its fixed cost (~6 us a call more
 // than cuBLAS's) is small beside the weights' stream: up to 32 tokens from
-// 80 M weight elements (160 MB of bf16) on, and up to 64 tokens against weight
-// rows of 14336 elements or more, where wgmma_persistent's tiles leave SMs
-// idle. H100, CUDA graphs, the Llama-3 projections (benchmarks/NOTES.md, "Why
-// a stream-K rung for decode on Hopper"): 1-6% ahead of splitk from 168 MB
-// (70B qkv) on and 3-10% behind it at 117-134 MB (8B down, 70B o); at 64
-// tokens 1.21x / 1.10x wgmma_persistent's speed at K = 14336 / 28672 and
-// 0.97-0.99x at K = 8192.
+// 80 M weight elements (160 MB of bf16) on. H100, CUDA graphs, the Llama-3
+// projections (benchmarks/NOTES.md, "Why a stream-K rung for decode on
+// Hopper"): 1-6% ahead of splitk from 168 MB (70B qkv) on and 3-10% behind it
+// at 117-134 MB (8B down, 70B o). Past 32 tokens wgmma_persistent, which
+// splits fewer tiles than SMs in K, runs every projection faster than
+// wgmma_streamk (64 tokens: 1.08x at K = 14336, 1.05x at K = 28672).
 constexpr int64_t kStreamkAutoMinWeights = 80 * 1000 * 1000;
-constexpr int64_t kStreamkAutoLongK = 14336;
-constexpr int64_t kStreamkAutoLongKTokens = 64;
 
 // kernel="auto": the skinny-product rungs for few tokens against K-major
 // weights (wgmma_streamk or splitk), then the fastest tile rung the GPU runs
@@ -95,9 +92,8 @@ constexpr int64_t kStreamkAutoLongKTokens = 64;
 inline std::optional<Rung> choose_auto(const DeviceFacts& d, ElementType t, int64_t m, int64_t n, int64_t k,
                                        bool b_kmajor) {
   const bool half = t != ElementType::kFloat32;
-  if (half && b_kmajor && rung_runs_on(Rung::kWgmmaStreamk, d) &&
-      ((m <= kSplitkAutoTokens && n * k >= kStreamkAutoMinWeights) ||
-       (m <= kStreamkAutoLongKTokens && k >= kStreamkAutoLongK))) {
+  if (half && b_kmajor && m <= kSplitkAutoTokens && n * k >= kStreamkAutoMinWeights &&
+      rung_runs_on(Rung::kWgmmaStreamk, d)) {
     return Rung::kWgmmaStreamk;
   }
   if (half && m <= kSplitkAutoTokens && b_kmajor && n >= kSplitkAutoMinRows && rung_runs_on(Rung::kSplitk, d)) {
