@@ -15,7 +15,8 @@
 # (scripts/crash_search.py: which rung or order fails at a shape; CU124=1 for that variant) and cu124
 # (the CUDA 12.4 variant's GPU tests and benchmarks beside cu130's; needs `make variants`).
 # Environment: BENCH_ARGS, SWEEP_ARGS, COMPARE_ARGS, TP_ARGS (extra arguments), SWEEP_SECONDS (the
-# sweep's time budget), SANITIZE_RUNGS (rungs for memcheck; default all), BASELINE,
+# sweep's time budget), SANITIZE_RUNGS (rungs for the sanitizers; default all), SANITIZE_TOOLS
+# (default: memcheck racecheck), DECODE_ARGS, PROFILE_SHAPE, PROFILE_RUNGS, BASELINE,
 # GPU_TESTS (the test files or folders of gpu_tests; default tests).
 #
 # Steps: install the carried wheels (.whl/, if present), print the GPU, check that the
@@ -132,8 +133,10 @@ compare() {
 # decode M and the first prefill Ms, eager and in CUDA graphs: what kernel="auto"'s token
 # limits for the skinny rungs rest on (torch-ext/rungs.h).
 decode_rungs() {
+  # shellcheck disable=SC2086  # DECODE_ARGS: extra arguments (later ones win), word-split on purpose
   timeout -k 5 360 "$PY" scripts/model_benchmark.py --parts shapes --kernels splitk wgmma_streamk wgmma_persistent \
-    --ms 1 2 4 8 16 32 64 128 256 512 1024 --rounds 2 --out "$OUT" --tag decode-rungs 2>&1 | tee -a "$OUT/device.log"
+    --ms 1 2 4 8 16 32 64 128 256 512 1024 --rounds 2 --out "$OUT" --tag decode-rungs ${DECODE_ARGS:-} 2>&1 |
+    tee -a "$OUT/device.log"
 }
 
 # The run of record of scripts/model_benchmark.py: host cost, the shape set, the model.
@@ -242,15 +245,17 @@ profile() {
 # Nsight Compute at one token (1 x 4096 x 4096, nn.Linear's weight layout): cuBLAS's kernel
 # beside wgmma_streamk's, two launches each after a warm one, into ncu_decode.txt: where the
 # stream-K rung's fixed cost a call goes (launch, first loads, the partial sums at the end).
+# PROFILE_SHAPE and PROFILE_RUNGS name another shape and other rungs.
 profile_decode() {
   local ncu
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   # The first launches are the operands' normal_ fills and cuBLAS's warm call: skipped.
+  # shellcheck disable=SC2086  # PROFILE_RUNGS: a list of rung names
   timeout 180 "$ncu" --clock-control none --launch-skip 3 --launch-count 5 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section LaunchStats \
-    "$PY" scripts/profile_workload.py --k-major-b --repeat 3 --shape 1x4096x4096 torch.matmul wgmma_streamk \
-    >"$OUT/ncu_decode.txt" 2>&1
+    "$PY" scripts/profile_workload.py --k-major-b --repeat 3 --shape "${PROFILE_SHAPE:-1x4096x4096}" torch.matmul \
+    ${PROFILE_RUNGS:-wgmma_streamk} >"$OUT/ncu_decode.txt" 2>&1
   grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|Elapsed Cycles|Grid Size|Registers Per|No Eligible|Issued Warp" \
     "$OUT/ncu_decode.txt" | head -80
 }
@@ -272,13 +277,14 @@ profile_hopper() {
 # compute-sanitizer TOOL [RUNG ...] over a small workload; the head of its report
 # (where the first error is) and its summary go to sanitizer.log.
 sanitizer() {
-  local tool=$1 cs rc=0 limit=90
-  [ "$tool" = racecheck ] && limit=300  # racecheck tracks every shared-memory access: far slower
+  local tool=$1 cs rc=0 limit=90 quick=()
+  # racecheck tracks every shared-memory access: far slower, so one dtype and layout (--quick)
+  [ "$tool" = racecheck ] && limit=180 && quick=(--quick)
   shift
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   echo "### compute-sanitizer --tool $tool, rungs: ${*:-all}" >>"$OUT/sanitizer.log"
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$limit" "$cs" --tool "$tool" --error-exitcode 9 --print-limit 4 \
-    "$PY" scripts/sanitize_workload.py "$@" >/tmp/sanitizer.txt 2>&1 || rc=$?
+    "$PY" scripts/sanitize_workload.py "${quick[@]}" "$@" >/tmp/sanitizer.txt 2>&1 || rc=$?
   { head -n 60 /tmp/sanitizer.txt; echo "[...]"; tail -n 4 /tmp/sanitizer.txt; } >>"$OUT/sanitizer.log"
   tail -n 4 /tmp/sanitizer.txt
   return $rc
@@ -317,11 +323,12 @@ integration() {
 
 sanitizers() {
   local rung
-  for rung in ${SANITIZE_RUNGS:-naive warptiled tiled persistent wgmma wgmma_persistent splitk wgmma_streamk}; do
-    run_step "compute-sanitizer memcheck $rung" sanitizer memcheck "$rung"
+  local tool
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+    for rung in ${SANITIZE_RUNGS:-naive warptiled tiled persistent wgmma wgmma_persistent splitk wgmma_streamk}; do
+      run_step "compute-sanitizer $tool $rung" sanitizer "$tool" "$rung"
+    done
   done
-  # shellcheck disable=SC2086  # SANITIZE_RUNGS: a list of rung names
-  run_step "compute-sanitizer racecheck" sanitizer racecheck ${SANITIZE_RUNGS:-}
 }
 
 run_step "install carried wheels" install_wheels

@@ -5,7 +5,12 @@ rungs also in their static tile orders and in the split-tail order on a shape
 whose tiles it splits (partial sums handed between CTAs).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python scripts/sanitize_workload.py [RUNG ...]
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python scripts/sanitize_workload.py [RUNG ...]
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python scripts/sanitize_workload.py --quick [RUNG ...]
+
+--quick runs bf16 only (or the rung's first dtype) and the plain layout only:
+racecheck tracks every shared-memory access and runs the whole workload far
+slower than memcheck, while its hazards (shared memory) depend on the
+kernel's code path, not on the operands' dtype or strides.
 
 With torch's caching allocator off, each tensor is its own allocation, so
 memcheck sees an access past any tensor's end. Exits non-zero if a result is
@@ -14,6 +19,7 @@ wrong (the sanitizer's own report says whether memory accesses were).
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -33,16 +39,24 @@ SPLIT_TAIL_SHAPE = (1700, 3400, 520)
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rungs", nargs="*", help="rung names (default: every available rung)")
+    parser.add_argument("--quick", action="store_true", help="one dtype and the plain layout (for racecheck)")
+    args = parser.parse_args()
     pm, _ = load_kernel()
-    only = set(sys.argv[1:])  # rung names; default: every available rung
+    only = set(args.rungs)
+    layouts = LAYOUTS[:1] if args.quick else LAYOUTS
     failures = 0
     runs = 0
     for name, info in pm.available_kernels().items():
         if not info.available or (only and name not in only):
             continue
-        for dtype in info.dtypes:
+        dtypes = info.dtypes
+        if args.quick:
+            dtypes = [torch.bfloat16] if torch.bfloat16 in dtypes else dtypes[:1]
+        for dtype in dtypes:
             for m, n, k in SHAPES:
-                for a_t, b_t in LAYOUTS:
+                for a_t, b_t in layouts:
                     a, b = random_operands(m, n, k, dtype, "cuda", a_transposed=a_t, b_transposed=b_t)
                     out = poison(torch.empty(m, n, device="cuda", dtype=dtype))
                     pm.matmul(a, b, kernel=name, out=out)
