@@ -1,6 +1,6 @@
 """How the tiles of one product spread over the GPU, from the instrumented build.
 
-    python scripts/timeline_stats.py [--shape 4096x4096x4096] [RUNG[-ORDER] ...]
+    python scripts/timeline_stats.py [--shape 4096x4096x4096] [--k-major-b] [RUNG[-ORDER] ...]
 
 For each rung with a timeline (default: every available one), in its default
 tile order or ORDER (a persistent rung's "hilbert" or "dynamic"): CTAs and SMs that
@@ -11,7 +11,10 @@ k-block) per CTA and per SM, the SMs' idle share of the makespan (what a better
 schedule of the same tiles could save at most), the makespan, and how many
 tiles ran at once at most and on average:
 a grid that cannot be resident at once shows as a concurrency well under the
-CTA count. Median tile times at two depths K of one M x N give the per-tile
+CTA count. Where tiles are split in K, also when their parts end: the parts
+that hand their partial sums over, and the owners (the last parts), which wait
+for them, add them and store the tile; the gap between the two is the split's
+tail. Median tile times at two depths K of one M x N give the per-tile
 cost that does not grow with K (epilogue, pipeline fill) by extrapolation.
 """
 
@@ -25,19 +28,28 @@ import torch
 from harness.kernel import load_kernel
 
 
+def spread(times_ns: torch.Tensor) -> str:
+    """min/median/max of times in ns, in us."""
+    us = times_ns.double() / 1e3
+    return f"{float(us.min()):.1f}/{float(us.median()):.1f}/{float(us.max()):.1f}" if len(us) else "-"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rungs", nargs="*")
     parser.add_argument("--shape", default="4096x4096x4096")
+    parser.add_argument("--k-major-b", action="store_true", help="b as nn.Linear keeps its weight (N x K, transposed)")
     args = parser.parse_args()
     m, n, k = (int(x) for x in args.shape.split("x"))
     pm, _ = load_kernel()
     available = pm.available_kernels()
     rungs = args.rungs or [r for r in ("tiled", "persistent", "wgmma", "wgmma_persistent") if available[r].available]
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    b = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if args.k_major_b
+         else torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
     column = {c: i for i, c in enumerate(pm.TIMELINE_COLUMNS)}
     sm_col, cta_col, start_col, end_col = (column[c] for c in ("sm", "cta", "start_ns", "end_ns"))
+    k_begin_col, k_end_col = column["k_begin"], column["k_end"]
     for name in rungs:
         rung, _, order = name.partition("-")
         for _ in range(3):  # warm: the last run is reported
@@ -77,6 +89,12 @@ def main() -> int:
               f"{sm_gap} (per SM); SMs idle {100 * idle:.1f}% of the makespan; "
               f"makespan {makespan / 1e3:.1f} us; "
               f"tiles at once: peak {peak}, mean {busy / max(makespan, 1):.1f}", flush=True)
+        parts = (t[:, k_begin_col] > 0) | (t[:, k_end_col] < k)
+        if parts.any():
+            owners = parts & (t[:, k_end_col] == k)
+            handing = parts & ~owners
+            print(f"  split tiles: {int(owners.sum())} in {int(parts.sum())} parts; parts that hand over end at "
+                  f"{spread(end[handing])} us, owners at {spread(end[owners])} us (min/median/max)", flush=True)
     return 0
 
 
