@@ -170,10 +170,6 @@ __device__ __forceinline__ void claim_registers() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// Counts the calling warp in at barrier `id` without waiting for the others.
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 // wgmma ordering: fence before the first wgmma that reads registers or
 // shared memory written by ordinary instructions; commit closes a group of

@@ -302,12 +302,15 @@ __device__ __forceinline__ UnitRole role_of(const SplitTailUnits<CLUSTER, PRODUC
 // in shared memory, made ptxas serialize the wgmmas of the pairs' split-tail
 // kernels of the 256-wide tile (C7511), which have no register to spare. The
 // producer thread notes each unit (its tile, k-blocks and split-tail role)
-// in a ring in shared memory as it starts to load it; the consumers count
-// themselves in at named barrier kUnitStart as they begin a unit and wait at
-// kUnitEnd once it is done (results stored, or partial sums handed over); the
-// recording warp reads the clock as each barrier completes and writes the
-// unit's record. (Barrier 0 is __syncthreads, 2 and 3 the consumer
-// warpgroups' own.)
+// in a ring in shared memory as it starts to load it; the consumers wait at
+// named barrier kUnitStart as they begin a unit and at kUnitEnd once it is
+// done (results stored, or partial sums handed over); the recording warp reads
+// the clock as each barrier completes and writes the unit's record. Once the
+// consumers have no unit left, one of them sets `done` and they meet the
+// recording warp at kUnitStart once more. (Consumers that only arrived at
+// kUnitStart, bar.arrive, made compute-sanitizer's racecheck report `done`'s
+// write and read as a race: a barrier every party waits at orders them for it
+// too.) (Barrier 0 is __syncthreads, 2 and 3 the consumer warpgroups' own.)
 constexpr int kUnitStart = 1, kUnitEnd = 4;
 template <typename Shape>
 constexpr int kRecordingThreads = 128 * Shape::CONSUMERS + 32;
@@ -850,7 +853,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
         std::is_same_v<decltype(tiles), OneTilePerCta> ? Shape::BN / 64 : Shape::BOXES_AT_TILE_END;
     tc::TileCoord tile;
     while (tiles.next(tile)) {
-      if constexpr (TIMELINE) named_barrier_arrive(kUnitStart, kRecordingThreads<Shape>);
+      if constexpr (TIMELINE) named_barrier_sync(kUnitStart, kRecordingThreads<Shape>);
       float d[Shape::ACCUMULATORS];
       const int width = mma_width<Shape>(p, tile, consumer);
       const KRange range = k_range_of(tiles, k_blocks);
@@ -876,9 +879,6 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       if constexpr (TIMELINE) named_barrier_sync(kUnitEnd, kRecordingThreads<Shape>);
     }
     if constexpr (TIMELINE) {  // no unit left: the recording warp stops
-      // A sync, not an arrive: a barrier every party waits at orders the
-      // write of `done` before the recording warp's read, for
-      // compute-sanitizer's racecheck too (it reported the arrive's as a race).
       if (threadIdx.x == 128) recording.done = 1;
       named_barrier_sync(kUnitStart, kRecordingThreads<Shape>);
     }
