@@ -170,6 +170,22 @@ __device__ __forceinline__ void claim_registers() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// The same barrier, returning whether `flag` was set in any of its threads
+// (bar.red.or; every thread that meets at `id` must call this form).
+__device__ __forceinline__ bool named_barrier_sync_or(int id, int threads, bool flag) {
+  uint32_t any;
+  asm volatile(
+      "{\n"
+      "  .reg .pred flag, any;\n"
+      "  setp.ne.u32 flag, %1, 0;\n"
+      "  bar.red.or.pred any, %2, %3, flag;\n"
+      "  selp.u32 %0, 1, 0, any;\n"
+      "}\n"
+      : "=r"(any)
+      : "r"(uint32_t(flag)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
 
 // wgmma ordering: fence before the first wgmma that reads registers or
 // shared memory written by ordinary instructions; commit closes a group of

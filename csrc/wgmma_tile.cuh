@@ -306,18 +306,19 @@ __device__ __forceinline__ UnitRole role_of(const SplitTailUnits<CLUSTER, PRODUC
 // named barrier kUnitStart as they begin a unit and at kUnitEnd once it is
 // done (results stored, or partial sums handed over); the recording warp reads
 // the clock as each barrier completes and writes the unit's record. Once the
-// consumers have no unit left, one of them sets `done` and they meet the
-// recording warp at kUnitStart once more. (Consumers that only arrived at
-// kUnitStart, bar.arrive, made compute-sanitizer's racecheck report `done`'s
-// write and read as a race: a barrier every party waits at orders them for it
-// too.) (Barrier 0 is __syncthreads, 2 and 3 the consumer warpgroups' own.)
+// consumers have no unit left they meet the recording warp at kUnitStart once
+// more, saying so through the barrier itself (bar.red.or): a flag in shared
+// memory that one consumer set made compute-sanitizer's racecheck report its
+// write and the recording warp's read as a race in the CTA pairs' kernels,
+// whatever barrier stood between them. (Barrier 0 is __syncthreads, 2 and 3
+// the consumer warpgroups' own.)
 constexpr int kUnitStart = 1, kUnitEnd = 4;
 template <typename Shape>
 constexpr int kRecordingThreads = 128 * Shape::CONSUMERS + 32;
 // Notes in the ring: while the recording warp reads the note of unit u, the
-// consumers may run unit u + 1 (they wait at its kUnitEnd for the recording
-// warp), and the producer, at most STAGES k-blocks (so many units) ahead of
-// them, may have noted unit u + STAGES + 2, waiting for a stage to load it.
+// consumers wait at kUnitStart of unit u + 1, and the producer, at most
+// STAGES k-blocks (so many units) ahead of them, may have noted unit
+// u + STAGES + 2, waiting for a stage to load it.
 constexpr int kUnitNotes = 16;
 struct UnitNote {
   tc::TileCoord tile;
@@ -326,7 +327,6 @@ struct UnitNote {
 };
 struct Recording {
   UnitNote notes[kUnitNotes];
-  int done;  // the consumers have no unit left
 };
 
 // The recording warp: the record of each unit the consumers run, until they
@@ -336,15 +336,14 @@ __device__ __forceinline__ void record_units(const MatmulProblem& p, const volat
   static_assert(kUnitNotes > Shape::STAGES + 2, "a note is read before the producer reuses it");
   const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
   for (int unit = 0;; ++unit) {
-    named_barrier_sync(kUnitStart, kRecordingThreads<Shape>);
-    if (recording.done) return;
+    if (named_barrier_sync_or(kUnitStart, kRecordingThreads<Shape>, false)) return;  // the consumers are done
     const int64_t start = tc::global_timer_ns();
     named_barrier_sync(kUnitEnd, kRecordingThreads<Shape>);
     // bar.sync lets a warp go on issuing until its next memory access, so a
     // clock read right after it may run before the barrier completes (every
     // end read so equal to its start). The note's load here waits for the
-    // barrier, and the branch on it holds the clock read back, as `done` does
-    // for start. (Not `done` itself: a consumer may be setting it by now.)
+    // barrier, and the branch on it holds the clock read back, as the
+    // barrier's own result does for start.
     const volatile UnitNote& note = recording.notes[unit % kUnitNotes];
     const tc::TileCoord tile{note.tile.m, note.tile.n};
     if (tile.m < 0) return;
@@ -808,7 +807,6 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
   __shared__ Recording recording;  // the instrumented build's (record_units)
   const int rank = CLUSTER > 1 ? int(cluster_cta_rank()) : 0;
   if (threadIdx.x == 0) {
-    if constexpr (TIMELINE) recording.done = 0;
     for (int s = 0; s < Shape::STAGES; ++s) {
       mbarrier_init(&smem.full[s], 1);
       mbarrier_init(&smem.empty[s], Shape::CONSUMERS * CLUSTER);
@@ -853,7 +851,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
         std::is_same_v<decltype(tiles), OneTilePerCta> ? Shape::BN / 64 : Shape::BOXES_AT_TILE_END;
     tc::TileCoord tile;
     while (tiles.next(tile)) {
-      if constexpr (TIMELINE) named_barrier_sync(kUnitStart, kRecordingThreads<Shape>);
+      if constexpr (TIMELINE) named_barrier_sync_or(kUnitStart, kRecordingThreads<Shape>, false);
       float d[Shape::ACCUMULATORS];
       const int width = mma_width<Shape>(p, tile, consumer);
       const KRange range = k_range_of(tiles, k_blocks);
@@ -878,10 +876,7 @@ __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensor
       }
       if constexpr (TIMELINE) named_barrier_sync(kUnitEnd, kRecordingThreads<Shape>);
     }
-    if constexpr (TIMELINE) {  // no unit left: the recording warp stops
-      if (threadIdx.x == 128) recording.done = 1;
-      named_barrier_sync(kUnitStart, kRecordingThreads<Shape>);
-    }
+    if constexpr (TIMELINE) named_barrier_sync_or(kUnitStart, kRecordingThreads<Shape>, true);  // no unit left
     if (store_by_tma) {
       store_pending_boxes<Shape, kAtEnd, Shape::BN / 64>(out, consumer, pending);  // the last tile's rest
       finish_stores();
