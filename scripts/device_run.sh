@@ -35,6 +35,9 @@ cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the output directory}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+# A Python step that runs past its limit gets SIGABRT (timeout -s ABRT), on which
+# faulthandler prints every thread's stack: a stalled step says where it stood.
+export PYTHONFAULTHANDLER=1
 PY=${PY:-python3}
 START=$SECONDS
 FAILED=()
@@ -103,12 +106,12 @@ gpu_tests() {
   # --continue-on-collection-errors: a CPU-only test module that cannot be imported here
   # (say, for a package the device lacks) is reported, but the GPU tests still run.
   # shellcheck disable=SC2086  # GPU_TESTS: a list of paths
-  timeout -k 5 420 "$PY" -m pytest -m gpu ${GPU_TESTS:-tests} -q -ra -p no:cacheprovider --continue-on-collection-errors \
+  timeout -s ABRT -k 5 420 "$PY" -m pytest -m gpu ${GPU_TESTS:-tests} -q -ra -p no:cacheprovider --continue-on-collection-errors \
     "${leave_out[@]}" 2>&1 | tee -a "$OUT/device.log"
 }
 
 sweep() {
-  timeout -k 5 250 "$PY" scripts/correctness_sweep.py --out "$OUT" --fuzz 500 --time-limit ${SWEEP_SECONDS:-210} ${SWEEP_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
+  timeout -s ABRT -k 5 250 "$PY" scripts/correctness_sweep.py --out "$OUT" --fuzz 500 --time-limit ${SWEEP_SECONDS:-210} ${SWEEP_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
 }
 
 demo() {
@@ -117,7 +120,7 @@ demo() {
 
 benchmark() {
   # shellcheck disable=SC2086  # BENCH_ARGS: extra arguments, word-split on purpose
-  timeout -k 5 300 "$PY" scripts/benchmark_table.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
+  timeout -s ABRT -k 5 300 "$PY" scripts/benchmark_table.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/device.log"
 }
 
 # build/ against the build folder $BASELINE (another commit's build, carried along), in one
@@ -125,7 +128,7 @@ benchmark() {
 compare() {
   : "${BASELINE:?set BASELINE to the build folder of the baseline}"
   # shellcheck disable=SC2086  # COMPARE_ARGS: extra arguments, word-split on purpose
-  timeout -k 5 300 "$PY" scripts/compare_builds.py "$BASELINE" --candidates build ${COMPARE_ARGS:-} 2>&1 |
+  timeout -s ABRT -k 5 300 "$PY" scripts/compare_builds.py "$BASELINE" --candidates build ${COMPARE_ARGS:-} 2>&1 |
     tee "$OUT/compare.log"
 }
 
@@ -134,14 +137,14 @@ compare() {
 # limits for the skinny rungs rest on (torch-ext/rungs.h).
 decode_rungs() {
   # shellcheck disable=SC2086  # DECODE_ARGS: extra arguments (later ones win), word-split on purpose
-  timeout -k 5 360 "$PY" scripts/model_benchmark.py --parts shapes --kernels splitk wgmma_streamk wgmma_persistent \
+  timeout -s ABRT -k 5 360 "$PY" scripts/model_benchmark.py --parts shapes --kernels splitk wgmma_streamk wgmma_persistent \
     --ms 1 2 4 8 16 32 64 128 256 512 1024 --rounds 2 --out "$OUT" --tag decode-rungs ${DECODE_ARGS:-} 2>&1 |
     tee -a "$OUT/device.log"
 }
 
 # The run of record of scripts/model_benchmark.py: host cost, the shape set, the model.
 model_benchmark() {
-  timeout -k 5 480 "$PY" scripts/model_benchmark.py --out "$OUT" 2>&1 | tee -a "$OUT/device.log"
+  timeout -s ABRT -k 5 480 "$PY" scripts/model_benchmark.py --out "$OUT" 2>&1 | tee -a "$OUT/device.log"
 }
 
 # The Llama-3-8B-shaped model under transformers' tensor-parallel plan on 2 GPUs, every
@@ -177,13 +180,13 @@ cu124() {
     echo "cu124: no build/torch-stable-abi210-cu124-$machine-linux (make variants builds it)"; return 1; }
   # shellcheck disable=SC2086  # GPU_TESTS: test paths, word-split on purpose
   PM_VARIANT="torch-stable-abi210-cu124-$machine-linux" LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" \
-    timeout -k 5 300 "$PY" -m pytest -q -m gpu ${GPU_TESTS:-tests} 2>&1 | tee -a "$OUT/device.log" || status=1
+    timeout -s ABRT -k 5 300 "$PY" -m pytest -q -m gpu ${GPU_TESTS:-tests} 2>&1 | tee -a "$OUT/device.log" || status=1
   for cuda in cu124 cu130; do
     export PM_VARIANT="torch-stable-abi210-$cuda-$machine-linux"
-    LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" timeout -k 5 240 "$PY" scripts/benchmark_table.py --no-variants \
+    LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" timeout -s ABRT -k 5 240 "$PY" scripts/benchmark_table.py --no-variants \
       --no-readme --shapes 4096x4096x4096 8192x8192x8192 --dtypes bfloat16 --rounds 5 --out "$OUT" \
       --tag "variant-$cuda-benchmark" 2>&1 | tee -a "$OUT/device.log" || status=1
-    LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" timeout -k 5 240 "$PY" scripts/model_benchmark.py --parts shapes \
+    LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" timeout -s ABRT -k 5 240 "$PY" scripts/model_benchmark.py --parts shapes \
       --ms 1 2 4 8 16 32 64 128 256 --rounds 3 --out "$OUT" --tag "variant-$cuda-decode" 2>&1 \
       | tee -a "$OUT/device.log" || status=1
   done
@@ -204,7 +207,7 @@ crash_search() {
     variant="torch-stable-abi210-cu124-$(uname -m)-linux"
   fi
   # shellcheck disable=SC2086  # CRASH_ARGS: extra arguments, word-split on purpose
-  PM_VARIANT="${variant:-${PM_VARIANT:-}}" LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" timeout -k 5 400 \
+  PM_VARIANT="${variant:-${PM_VARIANT:-}}" LD_LIBRARY_PATH="$cudart:${LD_LIBRARY_PATH:-}" timeout -s ABRT -k 5 400 \
     "$PY" scripts/crash_search.py --memcheck ${CRASH_ARGS:-} 2>&1 | tee "$OUT/crash_search.log"
 }
 
@@ -212,7 +215,7 @@ crash_search() {
 timelines() {
   local shape
   for shape in 4096x4096x4096 8192x8192x8192 8192x8192x1024; do
-    timeout -k 5 60 "$PY" scripts/timeline_stats.py --shape "$shape" tiled persistent persistent-grouped wgmma \
+    timeout -s ABRT -k 5 60 "$PY" scripts/timeline_stats.py --shape "$shape" tiled persistent persistent-grouped wgmma \
       wgmma_persistent wgmma_persistent-grouped 2>&1 | tee -a "$OUT/device.log" || return 1
   done
 }
@@ -221,7 +224,7 @@ timelines() {
 kernel_times() {
   local shape
   for shape in 4097x4097x4097 3000x3000x3000; do
-    timeout -k 5 60 "$PY" scripts/profile_workload.py --kernel-times --repeat 10 --shape "$shape" wgmma \
+    timeout -s ABRT -k 5 60 "$PY" scripts/profile_workload.py --kernel-times --repeat 10 --shape "$shape" wgmma \
       wgmma_persistent persistent 2>&1 | tee -a "$OUT/device.log" || return 1
   done
 }
@@ -296,7 +299,7 @@ smoke() {
   local rung rc=0
   for rung in naive warptiled tiled persistent persistent-grouped wgmma wgmma_persistent splitk wgmma_streamk \
     wgmma_persistent-grouped; do
-    timeout -k 5 60 "$PY" scripts/smoke_test.py "$rung" 2>&1 | tee -a "$OUT/device.log" || rc=1
+    timeout -s ABRT -k 5 60 "$PY" scripts/smoke_test.py "$rung" 2>&1 | tee -a "$OUT/device.log" || rc=1
   done
   return $rc
 }
@@ -315,9 +318,9 @@ sass() {
 # forward timing table of issue 7.
 integration() {
   local rc=0
-  timeout -k 5 120 "$PY" examples/transformers_llama.py 2>&1 | tee -a "$OUT/device.log" || rc=1
-  timeout -k 5 120 "$PY" examples/diffusers_unet.py 2>&1 | tee -a "$OUT/device.log" || rc=1
-  timeout -k 5 180 "$PY" scripts/integration_timing.py --out "$OUT/integration.md" 2>&1 | tee -a "$OUT/device.log" || rc=1
+  timeout -s ABRT -k 5 120 "$PY" examples/transformers_llama.py 2>&1 | tee -a "$OUT/device.log" || rc=1
+  timeout -s ABRT -k 5 120 "$PY" examples/diffusers_unet.py 2>&1 | tee -a "$OUT/device.log" || rc=1
+  timeout -s ABRT -k 5 180 "$PY" scripts/integration_timing.py --out "$OUT/integration.md" 2>&1 | tee -a "$OUT/device.log" || rc=1
   return $rc
 }
 
