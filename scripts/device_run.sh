@@ -324,9 +324,9 @@ integration() {
   return $rc
 }
 
+# Each tool over each rung, a process apiece: a rung's report names its own kernels.
 sanitizers() {
-  local rung
-  local tool
+  local tool rung
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     for rung in ${SANITIZE_RUNGS:-naive warptiled tiled persistent wgmma wgmma_persistent splitk wgmma_streamk}; do
       run_step "compute-sanitizer $tool $rung" sanitizer "$tool" "$rung"
