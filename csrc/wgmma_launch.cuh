@@ -14,12 +14,35 @@
 namespace persistent_matmul {
 namespace hopper {
 
-// 128x256 tiles when they give every SM at least one, else 128x128.
-inline bool use_wide_tile(int64_t m, int64_t n, int sms) {
-  return ceil_div(m, WideTile::BM) * ceil_div(n, WideTile::BN) >= sms;
+// The tile width (BN) for an m x n x k product on `sms` SMs: 256 where
+// 128x256 tiles give every SM at least one; else 64 for a few hundred tokens
+// where 128x64 tiles fit on the SMs at once (no second round), else 128.
+// Against 128x128 tiles, which there run fewer tiles than SMs split in K, the
+// 64-wide ones ran 1.08-1.24x the speed (H100, CUDA graphs, nn.Linear's
+// weights: 1.14x at 128 x 6144 x 4096, 1.19x at 128 x 4096 x 4096, 1.08x at
+// 128 x 4096 x 14336, 1.14x at 128 x 8192 x 8192, 1.24x at 256 x 4096 x 4096).
+// Where they lost: up to 64 tokens, where a tile's second 64 rows are empty
+// either way (0.89-0.98x); past one round of tiles (0.70-0.90x); and with two
+// rows of tiles at long K, where each CTA pair re-reads the tokens for half the
+// weight columns of a 128-wide tile (0.88x at 256 x 4096 x 14336).
+// (benchmarks/NOTES.md, "Why 64-wide tiles for a few hundred tokens")
+inline int tile_width(int64_t m, int64_t n, int64_t k, int sms) {
+  if (ceil_div(m, WideTile::BM) * ceil_div(n, WideTile::BN) >= sms) return WideTile::BN;
+  const bool few_tokens = m > 64 && (m <= SlimTile::BM || (m <= 2 * SlimTile::BM && k <= 4096));
+  if (few_tokens && ceil_div(m, SlimTile::BM) * ceil_div(n, SlimTile::BN) <= sms) return SlimTile::BN;
+  return NarrowTile::BN;
 }
 
-static_assert(WideTile::BM == kWgmmaTileRows && NarrowTile::BM == kWgmmaTileRows,
+// Calls f(Shape{}) for the shape tile_width picks.
+template <typename F>
+auto with_tile_shape(int64_t m, int64_t n, int64_t k, int device, F&& f) {
+  const int width = tile_width(m, n, k, tc::sm_count(device));
+  if (width == WideTile::BN) return f(WideTile{});
+  if (width == SlimTile::BN) return f(SlimTile{});
+  return f(NarrowTile{});
+}
+
+static_assert(WideTile::BM == kWgmmaTileRows && NarrowTile::BM == kWgmmaTileRows && SlimTile::BM == kWgmmaTileRows,
               "wgmma_cluster_size_for counts rows of tiles of kWgmmaTileRows");
 
 // Tensor maps of A (M x K, K contiguous) and B (K- or N-contiguous) for a
@@ -62,7 +85,6 @@ template <typename Launch>
 cudaError_t dispatch(const MatmulProblem& p, int device, int cluster, Launch&& launch) {
   if (!tc::operands_ok(p)) return cudaErrorInvalidValue;
   const bool kmajor = tc::b_layout(p) == tc::BLayout::kKMajor;
-  const bool wide = use_wide_tile(p.m, p.n, tc::sm_count(device));
   auto by_layout = [&](auto type, auto shape) -> cudaError_t {
     TensorMaps maps;
     if (!make_tensor_maps<decltype(shape)>(p, kmajor, cluster, &maps.a, &maps.b)) return cudaErrorInvalidValue;
@@ -70,7 +92,7 @@ cudaError_t dispatch(const MatmulProblem& p, int device, int cluster, Launch&& l
     maps.store_by_tma = tma_can_store(p) && make_output_map(p, &maps.out);
     return kmajor ? launch(type, shape, std::true_type{}, maps) : launch(type, shape, std::false_type{}, maps);
   };
-  auto by_shape = [&](auto type) { return wide ? by_layout(type, WideTile{}) : by_layout(type, NarrowTile{}); };
+  auto by_shape = [&](auto type) { return with_tile_shape(p.m, p.n, p.k, device, [&](auto shape) { return by_layout(type, shape); }); };
   return p.dtype == ElementType::kBFloat16 ? by_shape(tc::TypeTag<__nv_bfloat16>{})
                                            : by_shape(tc::TypeTag<__half>{});
 }

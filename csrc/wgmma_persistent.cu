@@ -219,9 +219,9 @@ GridOfShape grid_of_shape(int64_t m, int64_t n, int64_t k, bool split_order, int
           tiles};
 }
 GridOfShape grid_of(int64_t m, int64_t n, int64_t k, bool split_order, int cluster, int device) {
-  return hopper::use_wide_tile(m, n, tc::sm_count(device))
-             ? grid_of_shape<hopper::WideTile>(m, n, k, split_order, cluster, device)
-             : grid_of_shape<hopper::NarrowTile>(m, n, k, split_order, cluster, device);
+  return hopper::with_tile_shape(m, n, k, device, [&](auto shape) {
+    return grid_of_shape<decltype(shape)>(m, n, k, split_order, cluster, device);
+  });
 }
 
 }  // namespace
@@ -248,24 +248,21 @@ int32_t wgmma_default_cluster_size(int64_t m) { return kClusterPairsBuilt ? wgmm
 TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device) {
   TileConfig cfg;
   const int32_t cluster = wgmma_default_cluster_size(m);
+  // K not known: deep enough that the split-tail order's parts are not capped by it.
+  const int64_t depth = k < 1 ? INT32_MAX : k;
   auto fill = [&](auto shape) {
     using Shape = decltype(shape);
     cfg.block_m = Shape::BM;
     cfg.block_n = Shape::BN;
     cfg.block_k = Shape::BK;
     cfg.tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
-    // K not known: deep enough that the split-tail order's parts are not capped by it.
-    cfg.persistent_ctas = grid_of_shape<Shape>(m, n, k < 1 ? INT32_MAX : k, true, cluster, device).grid.ctas;
+    cfg.persistent_ctas = grid_of_shape<Shape>(m, n, depth, true, cluster, device).grid.ctas;
     // A row per SM past the tiles': no launch runs more than one CTA an SM
     // (their shared memory), so no more parts of tiles cut in K.
     cfg.timeline_rows = cfg.tiles + tc::sm_count(device);
     cfg.cluster_size = cluster;
   };
-  if (hopper::use_wide_tile(m, n, tc::sm_count(device))) {
-    fill(hopper::WideTile{});
-  } else {
-    fill(hopper::NarrowTile{});
-  }
+  hopper::with_tile_shape(m, n, depth, device, fill);
   return cfg;
 }
 

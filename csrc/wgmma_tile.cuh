@@ -48,9 +48,11 @@ namespace hopper {
 constexpr int TILE_QUEUE_SLOTS = 2;
 
 // A 128 x BN x 64 tile: two consumer warpgroups of 64 x BN each. BN = 256
-// for problems with enough tiles to fill the GPU, 128 otherwise. The stages
-// take what fits in ~200 KB of shared memory (4 of 48 KB, or 6 of 32 KB);
-// the output staging buffers (two 64 x 64 boxes per consumer) take 32 KB.
+// for problems with enough tiles to fill the GPU, 64 for a few hundred tokens
+// where those tiles fit on the SMs at once, 128 otherwise (tile_width in
+// wgmma_launch.cuh). The stages take what fits in ~200 KB of shared memory
+// (4 of 48 KB, 6 of 32 KB or 8 of 24 KB); the output staging buffers (two
+// 64 x 64 boxes per consumer) take 32 KB.
 template <int BN_>
 struct WgmmaShape {
   static constexpr int BM = 128, BN = BN_, BK = 64;
@@ -88,6 +90,7 @@ struct WgmmaShape {
 };
 using WideTile = WgmmaShape<256>;
 using NarrowTile = WgmmaShape<128>;
+using SlimTile = WgmmaShape<64>;
 
 // The tile queue in shared memory: per slot a tile index and two barriers,
 // `full` (the producer thread has written the slot) and `empty` (every
@@ -365,10 +368,11 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
                         Tiles tiles, int64_t m, int k_blocks, int rank, volatile Recording* recording) {
   static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two CTAs");
   // K-major B: BN rows of 64 K, loaded as CLUSTER boxes of BN / CLUSTER rows.
-  // N-major B: BN / 64 boxes of 64 K rows x 64 N. Each CTA loads its share.
+  // N-major B: BN / 64 boxes of 64 K rows x 64 N. CTA `rank` of a cluster
+  // loads boxes rank, rank + CLUSTER, ... (the 64-wide tile's single N-major
+  // box: CTA 0 alone, for both).
   constexpr int B_BOXES = B_KMAJOR ? CLUSTER : Shape::BN / 64;
   constexpr int B_BOX_BYTES = Shape::B_STAGE_BYTES / B_BOXES;
-  constexpr int BOXES_PER_CTA = B_BOXES / CLUSTER;
   constexpr uint16_t kAllCtas = (1u << CLUSTER) - 1;
   // Launched as a programmatic dependent (wgmma_persistent), the CTA may
   // start while the kernel before it in the stream still runs. Its first
@@ -408,8 +412,8 @@ __device__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, cons
       mbarrier_arrive_expect_tx(full, loads_a ? Shape::STAGE_BYTES : Shape::B_STAGE_BYTES);
       if (loads_a) tma_load_2d(a, map_a, full, kb * Shape::BK, tile.m * Shape::BM);
 #pragma unroll
-      for (int i = 0; i < BOXES_PER_CTA; ++i) {
-        const int box = rank * BOXES_PER_CTA + i;
+      for (int box = 0; box < B_BOXES; ++box) {
+        if (box % CLUSTER != rank) continue;
         const int inner = B_KMAJOR ? kb * Shape::BK : tile.n * Shape::BN + box * 64;
         const int outer = B_KMAJOR ? tile.n * Shape::BN + box * (Shape::BN / CLUSTER) : kb * Shape::BK;
         if constexpr (CLUSTER == 1) {
@@ -444,7 +448,8 @@ template <typename Shape>
 __device__ __forceinline__ int mma_width(const MatmulProblem& p, tc::TileCoord tile, int consumer) {
   if (int64_t(tile.m) * Shape::BM + consumer * 64 >= p.m) return 0;
   const int64_t cols = p.n - int64_t(tile.n) * Shape::BN;
-  return cols <= 64 ? 64 : cols <= 128 ? 128 : Shape::BN;
+  const int width = cols <= 64 ? 64 : cols <= 128 ? 128 : Shape::BN;
+  return width < Shape::BN ? width : Shape::BN;
 }
 
 // The bias of output columns col and col + 1 (zero past N, or without bias).

@@ -29,9 +29,11 @@ from harness.kernel import load_kernel
 
 # (8, 300, 4000): a skinny product whose splitk CTAs wrap around their ring of stages.
 # Fewer tiles than SMs, split in K by wgmma_persistent: (8, 4096, 1024), 32 tiles in 4
-# parts, and (300, 1000, 1100), 16 tile pairs in 4 parts over an odd number of tile rows.
+# parts, (100, 4096, 1040), 64 tiles 64 wide in 2, and (300, 1000, 1100), 16 tile pairs
+# in 4 parts over an odd number of tile rows. (129, 65, 70), (256, 192, 128) and
+# (200, 136, 192) run wgmma_persistent's 64-wide tiles in CTA pairs.
 SHAPES = [(1, 1, 1), (7, 9, 5), (129, 65, 70), (64, 200, 33), (8, 300, 4000), (256, 192, 128), (200, 136, 192),
-          (8, 4096, 1024), (300, 1000, 1100)]
+          (8, 4096, 1024), (100, 4096, 1040), (300, 1000, 1100)]
 LAYOUTS = [(False, False), (True, True), (False, True)]
 # More 128x256 tiles than a 132-SM GPU holds, not whole waves, K with a tail:
 # the split-tail order splits tiles here.

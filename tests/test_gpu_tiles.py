@@ -27,11 +27,12 @@ TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent",
 # Products whose tiles are cut in K: split tail's last, ragged round (persistent
 # splits the 2000 x 4200 x 1024 tiles' in 4 parts on a 132-SM GPU, wgmma_persistent's
 # CTA pairs the 3000^3 ones in 5), wgmma_persistent's split tail where fewer tiles
-# than SMs are all split (128 x 4096 x 4096: 32 tiles in 4 parts; 256 x 4096 x 4096:
-# 32 tile pairs in 2), and stream-K's decode shapes (32 tiles of 32 k-blocks on 132
-# SMs: every tile in 4 or 5 parts).
+# than SMs are all split (128 x 4096 x 4096: 64 tiles 64 wide in 2 parts;
+# 256 x 4096 x 14336: 32 pairs of 128-wide tiles in 2; 64 x 4096 x 4096: 32 tiles in 4),
+# and stream-K's decode shapes (32 tiles of 32 k-blocks on 132 SMs: every tile in 4 or 5 parts).
 CUT_RUNS = [("persistent", "split_tail", (2000, 4200, 1024)), ("wgmma_persistent", "split_tail", (3000, 3000, 3000)),
-            ("wgmma_persistent", "split_tail", (128, 4096, 4096)), ("wgmma_persistent", "split_tail", (256, 4096, 4096)),
+            ("wgmma_persistent", "split_tail", (128, 4096, 4096)), ("wgmma_persistent", "split_tail", (256, 4096, 14336)),
+            ("wgmma_persistent", "split_tail", (64, 4096, 4096)),
             ("wgmma_streamk", None, (16, 4096, 4096)), ("wgmma_streamk", None, (1, 4096, 4096))]
 
 

@@ -197,7 +197,8 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
     the number of output tiles (= CTAs of the one-CTA-per-tile rung), the
     CTAs its persistent twin launches (what fills the device once, at most a
     CTA per tile; wgmma_persistent's default launch may split fewer tiles than
-    SMs in K, a CTA per part, which depends on ``k``) and the rows of its
+    SMs in K, a CTA per part, which depends on ``k``, as its tile width does
+    at a few hundred tokens) and the rows of its
     timeline (``matmul_timeline``: one per tile, then one per CTA
     a launch may run, for the parts of tiles cut in K), and the CTAs per
     cluster it launches when left to pick (``cluster_size``: 2 where
