@@ -130,10 +130,10 @@ def test_split_tail_where_nothing_splits(pm, kernel, m, n, k):
 
 # Fewer tiles than SMs, which wgmma_persistent's split-tail order splits in K, every
 # one of them, where the parts fill the SMs (csrc/wgmma_persistent.cu, launch_grid):
-# Llama-3 projections at 64-256 tokens (single CTAs for one row of tiles, pairs
-# above), a narrow weight (8 tiles, or 8 tile pairs, 8 parts each), and K with a
-# tail whose 17 k-blocks make 4 parts of 4 and 5.
-UNDERFILLED_SHAPES = [(64, 4096, 4096), (128, 8192, 8192), (256, 4096, 14336), (200, 1000, 4104), (100, 4096, 1040)]
+# Llama-3 projections at 64-256 tokens (single CTAs for one row of tiles, 128 or
+# 64 wide, pairs above), a narrow weight (8 tile pairs, 8 parts each), and K with
+# a tail whose 17 k-blocks make 2 parts of 8 and 9 (64-wide tiles).
+UNDERFILLED_SHAPES = [(64, 4096, 4096), (128, 4096, 4096), (256, 4096, 14336), (200, 1000, 4104), (100, 4096, 1040)]
 
 
 def skip_unless_underfilled_split_built(variant_dir):
@@ -163,7 +163,7 @@ def test_split_tail_splits_fewer_tiles_than_sms(pm, variant_dir, m, n, k, b_kmaj
         assert check_exact(out, a, b, bias) == 0, f"{m}x{n}x{k} {dtype}"
 
 
-@pytest.mark.parametrize("m, n, k", [(128, 4096, 4096), (256, 4096, 4096)])
+@pytest.mark.parametrize("m, n, k", [(128, 4096, 4096), (256, 4096, 14336)])
 def test_split_tail_of_fewer_tiles_than_sms_in_a_cuda_graph(pm, variant_dir, m, n, k):
     """The split of every tile (single CTAs, then pairs) replays in a CUDA graph with
     the graph's own workspace, interleaved with eager calls: bit-exact."""
@@ -173,6 +173,69 @@ def test_split_tail_of_fewer_tiles_than_sms_in_a_cuda_graph(pm, variant_dir, m, 
     assert cfg["tiles"] < cfg["persistent_ctas"], cfg
     check_graph_replays(lambda a, b, out: pm.matmul(a, b, kernel="wgmma_persistent", out=out), m, n, k,
                         "wrong or missing partial sums")
+
+
+# Launches that read the workspace's counters and flags, as a decode step makes them:
+# wgmma_persistent splitting every tile (single CTAs, then pairs), wgmma_streamk.
+WORKSPACE_CALLS = [("wgmma_persistent", 128, 4096, 4096), ("wgmma_streamk", 16, 4096, 4096),
+                   ("wgmma_persistent", 256, 4096, 14336), ("wgmma_persistent", 64, 2048, 4096)]
+
+
+def test_graphs_sharing_a_memory_pool_replay_their_workspace_launches_exactly(pm, variant_dir):
+    """Two CUDA graphs captured into one memory pool, each of several launches that
+    use the workspace, with temporaries allocated between them: the launches of a
+    capture share its workspace, each leaving its counters zero for the next, and a
+    graph zeroes them again at every replay, after the other graph may have used the
+    memory. Replayed alternately with fresh operands and poisoned outputs, every
+    output is bit-exact, and so are eager calls after the captures."""
+    skip_unless_runs(pm, "wgmma_persistent")
+    skip_unless_runs(pm, "wgmma_streamk")
+    skip_unless_underfilled_split_built(variant_dir)
+    for kernel, m, n, k in WORKSPACE_CALLS:
+        if kernel == "wgmma_persistent":
+            cfg = pm.tile_config(m, n, kernel=kernel, k=k)
+            assert cfg["tiles"] < cfg["persistent_ctas"], (m, n, k, cfg)  # every tile split: flags in use
+
+    def operands():
+        # B K-major (nn.Linear's weights), as wgmma_streamk reads them without a copy
+        return [exact_int_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=True) for _, m, n, k in WORKSPACE_CALLS]
+
+    def forward(inputs):
+        outs = []
+        for (kernel, *_), (a, b) in zip(WORKSPACE_CALLS, inputs):
+            scaled = a * 1  # a temporary from the pool between launches
+            outs.append(pm.matmul(scaled, b, kernel=kernel))
+        return outs
+
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graphs = []
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            inputs = operands()
+            forward(inputs)  # warm-up
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                outs = forward(inputs)
+            graphs.append((graph, inputs, outs))
+        for replay in range(3):
+            for graph, inputs, outs in graphs:
+                for (a, b), (a2, b2) in zip(inputs, operands()):
+                    a.copy_(a2)
+                    b.copy_(b2)
+                for out in outs:
+                    poison(out)
+                graph.replay()
+            stream.synchronize()
+            for g, (_, inputs, outs) in enumerate(graphs):
+                for (kernel, m, n, k), (a, b), out in zip(WORKSPACE_CALLS, inputs, outs):
+                    assert check_exact(out, a, b) == 0, f"graph {g}, replay {replay}: {kernel} {m}x{n}x{k}"
+        inputs = operands()
+        eager = forward(inputs)
+        stream.synchronize()
+        for (kernel, m, n, k), (a, b), out in zip(WORKSPACE_CALLS, inputs, eager):
+            assert check_exact(out, a, b) == 0, f"eager call after the captures: {kernel} {m}x{n}x{k}"
 
 
 @pytest.mark.parametrize("kernel", ["persistent", "wgmma_persistent"])

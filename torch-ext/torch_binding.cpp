@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -275,25 +276,64 @@ constexpr int32_t kGrouped = 0;
 constexpr int32_t kDynamic = 2;
 constexpr int32_t kSplitTail = 3;
 
+// The scratch memory of the launches a CUDA graph capture records on one
+// stream: from torch's allocator (cudaMalloc may not run during capture, and
+// the graph may be replayed on any stream), its counters zeroed by the
+// capture's first launch on that stream, a fill the graph repeats at every
+// replay. The capture's later launches on the stream reuse it, as launches on
+// a stream outside a graph reuse the stream's: they run one after another and
+// each leaves the counters zero. A zero fill per launch instead put a memset
+// between every two launches of a graph, which cost ~2-4 us a call at decode
+// shapes and broke the programmatic overlap of each launch with the one before.
+// Kept until the stream is captured again or runs a launch outside capture:
+// until the capture ends nothing else of it may be given that memory.
+struct CaptureScratch {
+  unsigned long long capture_id = 0;
+  std::optional<Tensor> memory;
+};
+
+std::mutex capture_scratch_mutex;
+std::map<std::pair<int32_t, cudaStream_t>, CaptureScratch> capture_scratches;
+std::atomic<size_t> capture_scratches_held{0};  // its size, read without the lock
+
+// Drops the scratch of the stream's last capture (outside capture, that capture has ended).
+void end_capture_scratch(int32_t device, cudaStream_t stream) {
+  if (capture_scratches_held.load(std::memory_order_relaxed) == 0) return;  // the usual case: nothing to look up
+  const std::lock_guard<std::mutex> lock(capture_scratch_mutex);
+  capture_scratches.erase({device, stream});
+  capture_scratches_held.store(capture_scratches.size(), std::memory_order_relaxed);
+}
+
+// The scratch of capture `capture_id` on `stream` (CaptureScratch).
+char* capture_scratch(const Tensor& like, int32_t device, cudaStream_t stream, unsigned long long capture_id,
+                      int sms) {
+  const std::lock_guard<std::mutex> lock(capture_scratch_mutex);
+  CaptureScratch& entry = capture_scratches[{device, stream}];
+  if (entry.capture_id != capture_id || !entry.memory.has_value()) {
+    Tensor scratch = torch::stable::new_empty(like, {scratch_bytes(sms)}, ScalarType::Byte);
+    Tensor counters = torch::stable::narrow(scratch, 0, 0, zeroed_bytes(sms));
+    torch::stable::zero_(counters);
+    entry = {capture_id, scratch};
+    capture_scratches_held.store(capture_scratches.size(), std::memory_order_relaxed);
+  }
+  return static_cast<char*>(entry.memory->data_ptr());
+}
+
 // Points a launch at its scratch memory: the stream's, or while the stream is
-// being captured into a CUDA graph, a fresh one from torch's allocator with
-// its counters zeroed (cudaMalloc may not run during capture, and the graph
-// may be replayed on any stream; the zero-fill, a few KB, is part of the
-// graph). That tensor is returned: it must outlive the launch call.
-std::optional<Tensor> attach_scratch(MatmulProblem& problem, const Tensor& like, int32_t device, cudaStream_t stream,
-                                     int sms) {
+// being captured into a CUDA graph, the capture's (CaptureScratch).
+void attach_scratch(MatmulProblem& problem, const Tensor& like, int32_t device, cudaStream_t stream, int sms) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  STD_TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess,
+  unsigned long long capture_id = 0;
+  STD_TORCH_CHECK(cudaStreamGetCaptureInfo(stream, &capture, &capture_id) == cudaSuccess,
                   "persistent_matmul: could not query the stream's capture status");
   if (capture == cudaStreamCaptureStatusNone) {
+    end_capture_scratch(device, stream);
     point_at_scratch(problem, stream_scratch(device, stream, sms), sms);
-    return std::nullopt;
+    return;
   }
-  Tensor scratch = torch::stable::new_empty(like, {scratch_bytes(sms)}, ScalarType::Byte);
-  Tensor counters = torch::stable::narrow(scratch, 0, 0, zeroed_bytes(sms));
-  torch::stable::zero_(counters);
-  point_at_scratch(problem, static_cast<char*>(scratch.data_ptr()), sms);
-  return scratch;
+  STD_TORCH_CHECK(capture == cudaStreamCaptureStatusActive,
+                  "persistent_matmul: the stream's CUDA graph capture was invalidated by an earlier call");
+  point_at_scratch(problem, capture_scratch(like, device, stream, capture_id, sms), sms);
 }
 
 // Whether a persistent rung's tile order reads the scratch memory.
@@ -411,7 +451,6 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
                   "persistent_matmul: cluster_size must be 0 (the kernel picks), 1 or 2, got ", opt.cluster_size);
 
   const cudaStream_t stream = current_stream(device);
-  std::optional<Tensor> scratch;
   cudaError_t err = cudaSuccess;
   switch (rung) {
     case Rung::kNaive: err = persistent_matmul::launch_naive(p, stream); break;
@@ -420,13 +459,13 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
     case Rung::kWgmma: err = persistent_matmul::launch_wgmma(p, stream); break;
     case Rung::kSplitk: err = persistent_matmul::launch_splitk(p, stream); break;
     case Rung::kWgmmaStreamk:
-      scratch = attach_scratch(p, like, device, stream, facts.sms);
+      attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_wgmma_streamk(p, stream);
       break;
     case Rung::kPersistent: {
       const int32_t order = opt.tile_order < 0 ? kSplitTail : int32_t(opt.tile_order);
       p.tile_order = order_worth_running(order, p, device);
-      if (takes_scratch(p.tile_order)) scratch = attach_scratch(p, like, device, stream, facts.sms);
+      if (takes_scratch(p.tile_order)) attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_persistent(p, stream);
       break;
     }
@@ -444,7 +483,7 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
       // order runs as grouped, and no counter is looked up.
       if (p.cluster_size == 2 && order == kDynamic) order = kGrouped;
       p.tile_order = persistent_matmul::wgmma_order_worth_running(order, p, device);
-      if (takes_scratch(p.tile_order)) scratch = attach_scratch(p, like, device, stream, facts.sms);
+      if (takes_scratch(p.tile_order)) attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_wgmma_persistent(p, stream);
       break;
     }
