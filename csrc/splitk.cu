@@ -439,11 +439,15 @@ cudaError_t launch_bulk(const MatmulProblem& p, cudaStream_t stream, int device)
   return cudaGetLastError();
 }
 
+// The bulk kernel up to kBulkMaxTokens tokens on GPUs with bulk copies
+// (compute capability 9.0 and newer) whose CTAs can have its shared memory
+// (not sm_120's 99 KB), else the register kernel.
 template <typename T>
 cudaError_t launch_for_tokens(const MatmulProblem& p, cudaStream_t stream) {
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
-  if (tc::cached_device_attribute<cudaDevAttrComputeCapabilityMajor, 0>(device) >= 9 && p.m <= kBulkMaxTokens) {
+  if (tc::cached_device_attribute<cudaDevAttrComputeCapabilityMajor, 0>(device) >= 9 && p.m <= kBulkMaxTokens &&
+      tc::max_smem_per_block(device) >= BulkSmem<1, 6>::kBytes) {
     return launch_bulk<T, 1, 6>(p, stream, device);
   }
   if (p.m <= 8) return launch_typed<T, 1, 4>(p, stream);
