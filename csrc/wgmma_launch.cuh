@@ -92,7 +92,9 @@ cudaError_t dispatch(const MatmulProblem& p, int device, int cluster, Launch&& l
     maps.store_by_tma = tma_can_store(p) && make_output_map(p, &maps.out);
     return kmajor ? launch(type, shape, std::true_type{}, maps) : launch(type, shape, std::false_type{}, maps);
   };
-  auto by_shape = [&](auto type) { return with_tile_shape(p.m, p.n, p.k, device, [&](auto shape) { return by_layout(type, shape); }); };
+  auto by_shape = [&](auto type) {
+    return with_tile_shape(p.m, p.n, p.k, device, [&](auto shape) { return by_layout(type, shape); });
+  };
   return p.dtype == ElementType::kBFloat16 ? by_shape(tc::TypeTag<__nv_bfloat16>{})
                                            : by_shape(tc::TypeTag<__half>{});
 }
