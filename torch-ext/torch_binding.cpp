@@ -283,9 +283,9 @@ constexpr int32_t kSplitTail = 3;
 // replay. The capture's later launches on the stream reuse it, as launches on
 // a stream outside a graph reuse the stream's: they run one after another and
 // each leaves the counters zero. A zero fill per launch instead put a memset
-// between every two launches of a graph, which cost 2-3 us a call at decode
-// shapes (H100: 70B qkv at 1-32 tokens, 8B o at 64) and broke the
-// programmatic overlap of each launch with the one before.
+// node between every two launches of a graph, which broke the programmatic
+// overlap of each launch with the one before (benchmarks/NOTES.md, "Why a
+// captured graph zeroes its workspace once").
 // Kept until the stream is captured again or runs a launch outside capture:
 // until the capture ends nothing else of it may be given that memory.
 struct CaptureScratch {
