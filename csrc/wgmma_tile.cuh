@@ -48,11 +48,12 @@ namespace hopper {
 constexpr int TILE_QUEUE_SLOTS = 2;
 
 // A 128 x BN x 64 tile: two consumer warpgroups of 64 x BN each. BN = 256
-// for problems with enough tiles to fill the GPU, 64 for a few hundred tokens
+// for problems with enough tiles to fill the GPU, 192 where those tiles make
+// whole rounds and the 256-wide ones do not, 64 for a few hundred tokens
 // where those tiles fit on the SMs at once, 128 otherwise (tile_width in
-// wgmma_launch.cuh). The stages take what fits in ~200 KB of shared memory
-// (4 of 48 KB, 6 of 32 KB or 8 of 24 KB); the output staging buffers (two
-// 64 x 64 boxes per consumer) take 32 KB.
+// wgmma_launch.cuh). The stages take what fits in 194 KB of shared memory
+// (4 of 48 or 40 KB, 6 of 32 KB or 8 of 24 KB); the output staging buffers
+// (two 64 x 64 boxes per consumer) take 32 KB.
 template <int BN_>
 struct WgmmaShape {
   static constexpr int BM = 128, BN = BN_, BK = 64;
@@ -62,7 +63,7 @@ struct WgmmaShape {
   static constexpr int A_STAGE_BYTES = BM * BK * 2;
   static constexpr int B_STAGE_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
-  static constexpr int STAGES = (200 * 1024) / STAGE_BYTES;
+  static constexpr int STAGES = (194 * 1024) / STAGE_BYTES;
   static constexpr int OUT_BOX_BYTES = 64 * 64 * 2;  // a 64 x 64 box of the output, 128-byte rows
   static constexpr int OUT_BUFFERS = 2;              // per consumer: one fills while TMA reads the other
   static constexpr int OUT_STAGING_BYTES = CONSUMERS * OUT_BUFFERS * OUT_BOX_BYTES;
@@ -70,8 +71,11 @@ struct WgmmaShape {
   // the others wait in registers (PendingStore) for the next tile's first
   // k-blocks. Of a 128 x 256 tile's four, keeping three there besides the
   // next tile's accumulators spilled registers in the split-tail kernels,
-  // which then ran 3-5% slower than with two (H200, 2026-12-02).
-  static constexpr int BOXES_AT_TILE_END = BN > 128 ? 2 : 0;
+  // which then ran 3-5% slower than with two (H200, 2026-12-02). The 128 x 192
+  // tile stores all three at its end: with one or two kept, ptxas 13.0
+  // serialised the wgmmas of some of its kernels (C7511: the pairs' kernels
+  // with two, the single CTAs' split kernels with one).
+  static constexpr int BOXES_AT_TILE_END = BN == 192 ? 3 : BN > 128 ? 2 : 0;
   // 1024 bytes of slack to align the stages for the 128-byte swizzle, the
   // stages, the output staging (1024-byte aligned too), the full and empty
   // barriers, then the tile queue (TileQueue): 225 KB at most, under the
@@ -89,6 +93,7 @@ struct WgmmaShape {
                 "the consumers' registers must come from the producer's");
 };
 using WideTile = WgmmaShape<256>;
+using MediumTile = WgmmaShape<192>;
 using NarrowTile = WgmmaShape<128>;
 using SlimTile = WgmmaShape<64>;
 
@@ -507,8 +512,8 @@ __device__ __forceinline__ void pack_tile(const MatmulProblem& p, tc::TileCoord 
 // engine in three steps, so that the wgmmas a consumer has in flight meanwhile
 // meet no divergent code (ptxas then serializes every wgmma of the kernel,
 // its advisory C7518): claim_box, where the leader thread (the one that
-// issues stores) waits until the store issued from the box's staging buffer
-// two boxes ago has read it;
+// issues stores) waits until the last store from the box's staging buffer has
+// read it;
 // stage_pending_box, where every thread writes its part of the box into the
 // buffer, a 64 x 64 box with 128-byte rows in TMA's 128B-swizzled layout
 // (16-byte chunk c of row r at chunk c ^ (r % 8)); and send_box, where the
@@ -519,8 +524,22 @@ template <typename Shape>
 __device__ __forceinline__ char* out_buffer(char* staging, int consumer, int box) {
   return staging + (consumer * Shape::OUT_BUFFERS + box % Shape::OUT_BUFFERS) * Shape::OUT_BOX_BYTES;
 }
-__device__ __forceinline__ void claim_box(int consumer) {
-  bulk_wait_read<1>();  // every thread: only the leader has stores to wait for, and no branch
+// Box b goes through buffer b % 2, so consecutive boxes alternate buffers and
+// the last store from a box's buffer is the one two boxes back, which
+// bulk_wait_read<1> waits for: except after a tile of an odd number of boxes
+// (the 64- and 192-wide tiles), whose last box used the buffer of the next
+// tile's box 0, so that box waits for every store. (With one k-block a tile
+// the next tile's stores come right after: 192-wide tiles of 8192 x 8192 x 64
+// had a normwise error of 0.23 on the H100 with the one-store wait.) `box` is
+// known where the loops over boxes are unrolled, so no branch stays.
+template <typename Shape>
+__device__ __forceinline__ void claim_box(int consumer, int box) {
+  // every thread: only the leader has stores to wait for
+  if ((Shape::BN / 64) % 2 == 1 && box == 0) {
+    bulk_wait_read<0>();
+  } else {
+    bulk_wait_read<1>();
+  }
   named_barrier_sync(2 + consumer, 128);  // named barrier of this consumer warpgroup (0: __syncthreads; 1, 4: timeline)
 }
 template <typename Shape>
@@ -539,8 +558,8 @@ __device__ __forceinline__ void stage_pending_box(char* staging, int consumer, i
   fence_proxy_async();  // this thread's shared stores, visible to the copy engine
 }
 // Every box commits one bulk group, empty where no store is sent (a box past
-// the output's last column, or no tile pending): claim_box's wait for all
-// but the last group then always waits for the store from its own buffer.
+// the output's last column, or no tile pending): claim_box's waits count
+// one group a box.
 template <typename Shape>
 __device__ __forceinline__ void send_box(const CUtensorMap* map_out, char* staging, int consumer, int box,
                                          const PendingStore<Shape>& pending) {
@@ -570,7 +589,7 @@ __device__ __forceinline__ void store_pending_boxes(const OutputStaging& out, in
       if (threadIdx.x % 128 == 0) bulk_commit();
       continue;
     }
-    claim_box(consumer);
+    claim_box<Shape>(consumer, box);
     stage_pending_box<Shape>(out.staging, consumer, box, pending);
     send_box<Shape>(out.map_out, out.staging, consumer, box, pending);
   }
@@ -587,7 +606,8 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
                                              int k_blocks, int consumer, float (&d)[Shape::ACCUMULATORS],
                                              PendingStore<Shape>& pending, const OutputStaging& out) {
   constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
-  static_assert(WIDTH == 0 || WIDTH == 64 || WIDTH == 128 || WIDTH == 256, "wgmma widths 64, 128 or 256");
+  static_assert(WIDTH == 0 || WIDTH == 64 || WIDTH == 128 || WIDTH == 192 || WIDTH == 256,
+                "wgmma widths 64, 128, 192 or 256");
 #pragma unroll
   for (int i = WIDTH / 2; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
   const bool signals = threadIdx.x % 128 == 0;
@@ -630,7 +650,7 @@ __device__ __forceinline__ void consume_tile(const SharedStages<Shape>& smem, Ri
     // wgmmas and their wait has no branch.
 #pragma unroll
     for (int box = kFirst; box < kBoxes; ++box, ++kb) {
-      claim_box(consumer);
+      claim_box<Shape>(consumer, box);
       issue(kb);
       stage_pending_box<Shape>(out.staging, consumer, box, pending);
       retire();

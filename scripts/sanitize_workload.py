@@ -31,13 +31,15 @@ from harness.kernel import load_kernel
 # Fewer tiles than SMs, split in K by wgmma_persistent: (8, 4096, 1024), 32 tiles in 4
 # parts, (100, 4096, 1040), 64 tiles 64 wide in 2, and (300, 1000, 1100), 16 tile pairs
 # in 4 parts over an odd number of tile rows. (129, 65, 70), (256, 192, 128) and
-# (200, 136, 192) run wgmma_persistent's 64-wide tiles in CTA pairs.
+# (200, 136, 192) run wgmma_persistent's 64-wide tiles in CTA pairs. On 132 SMs,
+# (512, 6280, 200) and (1024, 6336, 64) run its 192-wide tiles: one round, the last
+# tile column clipped, and two rounds of one k-block (two tiles stored back to back).
 SHAPES = [(1, 1, 1), (7, 9, 5), (129, 65, 70), (64, 200, 33), (8, 300, 4000), (256, 192, 128), (200, 136, 192),
-          (8, 4096, 1024), (100, 4096, 1040), (300, 1000, 1100)]
+          (512, 6280, 200), (1024, 6336, 64), (8, 4096, 1024), (100, 4096, 1040), (300, 1000, 1100)]
 LAYOUTS = [(False, False), (True, True), (False, True)]
 # More 128x256 tiles than a 132-SM GPU holds, not whole waves, K with a tail:
 # the split-tail order splits tiles here.
-SPLIT_TAIL_SHAPE = (1700, 3400, 520)
+SPLIT_TAIL_SHAPE = (1700, 3000, 520)
 
 
 def main() -> int:

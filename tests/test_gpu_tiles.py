@@ -302,6 +302,63 @@ def test_wgmma_persistent_stores_a_tile_during_the_next(pm, m, n, k, dtype):
         assert torch.isnan(buffer[:, n:]).all(), f"{m}x{n}x{k}: wrote outside out"
 
 
+def medium_tile_shapes() -> list[tuple[int, int, int]]:
+    """Products that run 128 x 192 tiles on this GPU (hopper::tile_width: one or two
+    whole rounds of them, which 128 x 256 tiles do not make): 4 rows of tiles by
+    ceil(SMs / 4) columns, the last column 192, 136 (a 192-wide wgmma, clipped) or 64
+    (a 64-wide one) of the output's columns wide; two such rounds of tiles at one
+    k-block (every CTA stores two tiles back to back) and at a ragged K."""
+    cols = -(-sm_count() // 4)
+    return [(512, 192 * cols, 4096), (512, 192 * (cols - 1) + 136, 1000), (500, 192 * (cols - 1) + 64, 130),
+            (1024, 192 * cols, 64), (1000, 192 * cols, 700)]
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "wgmma_persistent"])
+@pytest.mark.parametrize("cluster_size", [None, 1], ids=["default", "single-ctas"])
+@pytest.mark.parametrize("b_kmajor", [False, True], ids=["b-n-major", "b-k-major"])
+def test_medium_tiles_where_they_make_whole_rounds(pm, variant_dir, kernel, cluster_size, b_kmajor):
+    """Where 128 x 192 tiles fill the SMs in one or two rounds and 128 x 256 ones do
+    not, the Hopper rungs run them (CUDA 13 builds): bit-exact in both dtypes and B
+    layouts, with a bias, nothing written outside out, edge columns included."""
+    skip_unless_runs(pm, kernel)
+    if kernel == "wgmma" and cluster_size == 1:
+        pytest.skip("wgmma has no clusters")
+    options = {"cluster_size": cluster_size} if kernel == "wgmma_persistent" else {}
+    for m, n, k in medium_tile_shapes():
+        cfg = pm.tile_config(m, n, kernel="wgmma_persistent", k=k)
+        assert cfg["block_n"] == (256 if built_with_cuda12(variant_dir) else 192), (m, n, k, cfg)
+        for dtype in (torch.bfloat16, torch.float16):
+            a, b = exact_int_operands(m, n, k, dtype, "cuda", b_transposed=b_kmajor, headroom=1)
+            bias = exact_int_bias(n, dtype, "cuda")
+            buffer = poison(torch.empty(m, n + 8, dtype=dtype, device="cuda"))
+            out = buffer[:, :n]
+            pm.matmul(a, b, kernel=kernel, out=out, bias=bias, **options)
+            torch.cuda.synchronize()
+            assert check_exact(out, a, b, bias) == 0, f"{kernel} {m}x{n}x{k} {dtype}: wrong values"
+            assert torch.isnan(buffer[:, n:]).all(), f"{kernel} {m}x{n}x{k}: wrote outside out"
+
+
+def test_wide_tiles_from_seven_eighths_of_the_sms(pm, variant_dir):
+    """128 x 256 tiles from 7/8 of the SMs on (one round of them in place of two of
+    128 x 128), 128 x 128 below, and the product right at both."""
+    skip_unless_runs(pm, "wgmma_persistent")
+    sms = sm_count()
+    rows = 8
+    just_enough = -(-7 * sms // 8)  # the fewest 128 x 256 tiles that take 7/8 of the SMs
+    for cols, width in ((-(-just_enough // rows), 256), ((just_enough - 1) // rows, 128)):
+        m, n, k = 128 * rows, 256 * cols, 512
+        cfg = pm.tile_config(m, n, kernel="wgmma_persistent", k=k)
+        medium = rows * -(-n // 192)
+        if not built_with_cuda12(variant_dir) and medium <= 2 * sms and 8 * (medium % sms) >= 7 * sms:
+            continue  # 192-wide tiles take it (test_medium_tiles_where_they_make_whole_rounds)
+        assert cfg["block_n"] == width, (m, n, k, cfg)
+        a, b = exact_int_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=True)
+        out = poison(torch.empty(m, n, dtype=torch.bfloat16, device="cuda"))
+        pm.matmul(a, b, kernel="wgmma_persistent", out=out)
+        torch.cuda.synchronize()
+        assert check_exact(out, a, b) == 0, f"{m}x{n}x{k}: wrong values"
+
+
 def signed_permutation(n: int) -> torch.Tensor:
     """An n x n matrix with one entry +-1 per row and column (float32, CUDA):
     a product with it reorders and negates columns, exactly in any dtype."""
