@@ -14,15 +14,16 @@
 namespace persistent_matmul {
 namespace hopper {
 
+// Whether nvcc 13 or newer builds this: ptxas before CUDA 13 serialises the
+// wgmmas of some Hopper kernels, or miscompiles them, which such builds leave
+// out (kMediumTileBuilt here; kSplitTailBuilt and kClusterPairsBuilt in
+// wgmma_persistent.cu).
+constexpr bool kBuiltWithCuda13 = __CUDACC_VER_MAJOR__ >= 13;
+
 // Whether this build has the 128 x 192 tile's kernels: ptxas before CUDA 13
 // serialises the wgmmas of its single-CTA kernels (C7515), so CUDA 12 builds
 // run 256- or 128-wide tiles where CUDA 13 builds run 192-wide ones.
-constexpr bool kMediumTileBuilt =
-#if __CUDACC_VER_MAJOR__ < 13
-    false;
-#else
-    true;
-#endif
+constexpr bool kMediumTileBuilt = kBuiltWithCuda13;
 
 // Whether `tiles` make whole rounds on `sms` SMs: at least 7/8 of the SMs
 // busy in every round, the last included.

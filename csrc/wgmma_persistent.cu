@@ -109,12 +109,7 @@ cudaError_t launch_kernel(const MatmulProblem& p, cudaStream_t stream, int devic
 // slower; such builds leave it out, and that order runs as the dynamic one
 // there (the same whole tiles, the last round not split).
 template <int CLUSTER, typename Shape>
-constexpr bool kSplitTailBuilt =
-#if __CUDACC_VER_MAJOR__ < 13
-    !(CLUSTER == 1 && Shape::BN == 128);
-#else
-    true;
-#endif
+constexpr bool kSplitTailBuilt = hopper::kBuiltWithCuda13 || !(CLUSTER == 1 && Shape::BN == 128);
 
 // Whether this build has the CTA-pair kernels. Built with CUDA 12 (nvcc 12.4,
 // ptxas 12.6) they fault wherever a pair runs more than one tile (4096^3,
@@ -123,12 +118,7 @@ constexpr bool kSplitTailBuilt =
 // while their SASS matches the CUDA 13 build's barrier for barrier and the
 // single-CTA kernels of the same build pass. Such builds run single CTAs,
 // which the op entry asks for (wgmma_cluster_pairs_built).
-constexpr bool kClusterPairsBuilt =
-#if __CUDACC_VER_MAJOR__ < 13
-    false;
-#else
-    true;
-#endif
+constexpr bool kClusterPairsBuilt = hopper::kBuiltWithCuda13;
 
 // A launch's grid: `ctas` CTAs, and whether they run the split kernel.
 struct LaunchGrid {
@@ -199,24 +189,21 @@ struct GridOfShape {
   LaunchGrid grid;
   int64_t tiles;
 };
+template <int CLUSTER, typename Shape>
+LaunchGrid grid_of_clusters(int64_t m, int64_t n, int64_t k, bool split_order, int device) {
+  constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, CLUSTER, true, false, false>;
+  tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
+  return launch_grid<CLUSTER, Shape>(m, n, k, split_order,
+                                     resident_clusters<CLUSTER, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device),
+                                     tc::sm_count(device));
+}
 template <typename Shape>
 GridOfShape grid_of_shape(int64_t m, int64_t n, int64_t k, bool split_order, int cluster, int device) {
-  const int sms = tc::sm_count(device);
   const int64_t tiles = ceil_div(m, Shape::BM) * ceil_div(n, Shape::BN);
   if constexpr (kClusterPairsBuilt) {
-    if (cluster == 2) {
-      constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 2, true, false, false>;
-      tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
-      return {launch_grid<2, Shape>(m, n, k, split_order,
-                                    resident_clusters<2, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device), sms),
-              tiles};
-    }
+    if (cluster == 2) return {grid_of_clusters<2, Shape>(m, n, k, split_order, device), tiles};
   }
-  constexpr auto kernel = wgmma_persistent_kernel<__nv_bfloat16, Shape, 1, true, false, false>;
-  tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device);
-  return {launch_grid<1, Shape>(m, n, k, split_order,
-                                resident_clusters<1, kernel>(Shape::THREADS, Shape::SMEM_BYTES, device), sms),
-          tiles};
+  return {grid_of_clusters<1, Shape>(m, n, k, split_order, device), tiles};
 }
 GridOfShape grid_of(int64_t m, int64_t n, int64_t k, bool split_order, int cluster, int device) {
   return hopper::with_tile_shape(m, n, k, device, [&](auto shape) {
