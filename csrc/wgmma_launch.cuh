@@ -14,10 +14,10 @@
 namespace persistent_matmul {
 namespace hopper {
 
-// Whether nvcc 13 or newer builds this: ptxas before CUDA 13 serialises the
-// wgmmas of some Hopper kernels, or miscompiles them, which such builds leave
-// out (kMediumTileBuilt here; kSplitTailBuilt and kClusterPairsBuilt in
-// wgmma_persistent.cu).
+// Whether nvcc 13 or newer builds this: with ptxas before CUDA 13 some Hopper
+// kernels have their wgmmas serialised, and the CTA pairs' kernels fault, so
+// such builds leave them out (kMediumTileBuilt here; kSplitTailBuilt and
+// kClusterPairsBuilt in wgmma_persistent.cu).
 constexpr bool kBuiltWithCuda13 = __CUDACC_VER_MAJOR__ >= 13;
 
 // Whether this build has the 128 x 192 tile's kernels: ptxas before CUDA 13
