@@ -305,10 +305,10 @@ def test_wgmma_persistent_stores_a_tile_during_the_next(pm, m, n, k, dtype):
 def medium_tile_shapes() -> list[tuple[int, int, int]]:
     """Products that run 128 x 192 tiles on this GPU (hopper::tile_width: one or two
     whole rounds of them, which 128 x 256 tiles do not make): 4 rows of tiles by
-    ceil(SMs / 4) columns, the last column 192, 136 (a 192-wide wgmma, clipped) or 64
+    SMs // 4 columns, the last column 192, 136 (a 192-wide wgmma, clipped) or 64
     (a 64-wide one) of the output's columns wide; two such rounds of tiles at one
     k-block (every CTA stores two tiles back to back) and at a ragged K."""
-    cols = -(-sm_count() // 4)
+    cols = sm_count() // 4
     return [(512, 192 * cols, 4096), (512, 192 * (cols - 1) + 136, 1000), (500, 192 * (cols - 1) + 64, 130),
             (1024, 192 * cols, 64), (1000, 192 * cols, 700)]
 
