@@ -169,22 +169,27 @@ def test_replay_plays_pauses_and_follows_the_slider(page):
 
 
 def test_switching_shape_and_pair_changes_the_frame(page, screenshot_dir):
+    # Each frame to wait past is read before the action that replaces it: read
+    # after, it may already be the new one (the replay is paused, so no other
+    # frame would follow).
     number = page.locator("#replay-slider input[type=number]")
+    at_start = _frame_src(page)
     number.fill("2")
     number.press("Tab")
-    before = _wait_for_new_frame(page, _frame_src(page))
+    before = _wait_for_new_frame(page, at_start)
     _choose(page, "Shape", "aligned: 4096x4096x4096")
     sync_api.expect(page.locator("#timeline-summary")).to_contain_text("4096x4096x4096")
     other_shape = _wait_for_new_frame(page, before)
     assert _slider_value(page) == 0  # a new run starts at its beginning
     _choose(page, "Kernels", "wgmma vs wgmma_persistent")
     sync_api.expect(page.locator("#timeline-summary")).to_contain_text("wgmma_persistent")
-    _wait_for_new_frame(page, other_shape)
+    other_pair = _wait_for_new_frame(page, other_shape)
     _choose(page, "Shape", "ragged waves: 3000x3000x3000")
     sync_api.expect(page.locator("#timeline-summary")).to_contain_text("4 (8)")  # split tail: 4 tiles in 8 parts
+    ragged = _wait_for_new_frame(page, other_pair)
     number.fill("3")  # within the wgmma pair's 4 µs
     number.press("Tab")
-    _wait_for_new_frame(page, _frame_src(page))
+    _wait_for_new_frame(page, ragged)
     page.locator("#replay-gif-button").click()
     sync_api.expect(page.locator("#replay-gif")).to_contain_text(".gif", timeout=60_000)
     page.screenshot(path=str(screenshot_dir / "timeline-tab.png"), full_page=True)
