@@ -591,3 +591,45 @@ def test_crash_search_tells_a_refusal_from_a_failure(monkeypatch, capsys):
     fault["value"] = "wgmma"
     assert crash_search.main(["--shapes", "64x64x64"]) == 1
     assert "[3] 64x64x64 wgmma: FAIL (exit 1): RuntimeError: unspecified launch failure" in capsys.readouterr().out
+
+
+def _write_recorded_timeline(path: Path, rows: list[list[int]], shape: str) -> None:
+    """A timeline file as space/record.py writes it: one int64 tensor a rung, the
+    columns, SM count, clock and shape in the metadata."""
+    import torch
+    from safetensors.torch import save_file
+
+    columns = ["tile_m", "tile_n", "k_begin", "k_end", "sm", "cta", "start_ns", "end_ns"]
+    kernels = {"wgmma_persistent": {"columns": columns}}
+    save_file({"wgmma_persistent": torch.tensor(rows, dtype=torch.int64)}, str(path),
+              metadata={"kernels": json.dumps(kernels), "sm_count": "4", "sm_clock": "1500 MHz", "shape": shape})
+
+
+def test_timeline_stats_reads_a_recorded_timeline_without_a_gpu(repo_root, subprocess_env, tmp_path):
+    """--recorded: the statistics of a file space/record.py wrote, and per split
+    tile how long after its other parts the part ending at K ends."""
+    path = tmp_path / "256x128x128.safetensors"
+    _write_recorded_timeline(path, [
+        [0, 0, 0, 128, 0, 0, 1_000, 11_000],  # a whole tile
+        [1, 0, 0, 64, 1, 1, 1_000, 7_000],    # tile (1, 0) in two parts: the first ends at 6 us ...
+        [1, 0, 64, 128, 2, 2, 1_000, 10_500],  # ... the one ending at K at 9.5 us: 3.5 us later
+        [-1, -1, -1, -1, -1, -1, -1, -1],      # a row the launch did not use
+    ], "256x128x128")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "timeline_stats.py"), "--recorded", str(path)],
+                          cwd=repo_root, env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "recorded on 4 SMs at 1500 MHz" in done.stdout
+    assert "wgmma_persistent 256x128x128: 3 tiles on 3 CTAs, 3 SMs" in done.stdout
+    assert "makespan 10.0 us" in done.stdout
+    assert "whole tiles: 1, median 10.00 us" in done.stdout
+    assert "split tiles: 1 in 2 parts" in done.stdout
+    assert "the part ending at K after its tile's others: 3.5/3.5/3.5 us" in done.stdout
+
+
+def test_timeline_stats_names_a_rung_the_recording_lacks(repo_root, subprocess_env, tmp_path):
+    path = tmp_path / "64x64x64.safetensors"
+    _write_recorded_timeline(path, [[0, 0, 0, 64, 0, 0, 0, 1_000]], "64x64x64")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "timeline_stats.py"), "--recorded", str(path), "tiled"],
+                          cwd=repo_root, env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "has no timeline of tiled; it has wgmma_persistent" in done.stderr
