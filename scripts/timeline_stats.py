@@ -28,13 +28,12 @@ at two depths K of one M x N give the per-tile cost that does not grow with K
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-from harness.kernel import load_kernel
+from harness.kernel import REPO_ROOT, load_kernel
 
 
 def spread(times_ns: torch.Tensor) -> str:
@@ -45,19 +44,22 @@ def spread(times_ns: torch.Tensor) -> str:
 
 def recorded_timelines(path: Path, rungs: list[str]) -> tuple[tuple[int, int, int], int, str, dict]:
     """The shape, SM count, SM clock and {rung: (timeline rows, column names)} of
-    a file space/record.py wrote."""
-    from safetensors import safe_open
+    a file space/record.py wrote, read and checked by the Space's own loader."""
+    sys.path.insert(0, str(REPO_ROOT / "space"))
+    import recorded
+    import timeline_data
 
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-        kernels = json.loads(meta["kernels"])
-        names = rungs or list(f.keys())
-        missing = [r for r in names if r not in f.keys()]
-        if missing:
-            raise SystemExit(f"{path} has no timeline of {', '.join(missing)}; it has {', '.join(f.keys())}")
-        timelines = {r: (f.get_tensor(r), kernels[r]["columns"]) for r in names}
-    m, n, k = (int(x) for x in meta["shape"].split("x"))
-    return (m, n, k), int(meta["sm_count"]), meta.get("sm_clock", "?"), timelines
+    result = recorded.load_timeline_file(path)
+    if result["error"]:
+        raise SystemExit(result["error"])
+    kernels = {name: kern for name, kern in result["kernels"].items() if kern["parts"]}
+    missing = [r for r in rungs if r not in kernels]
+    if missing:
+        raise SystemExit(f"{path} has no timeline of {', '.join(missing)}; it has {', '.join(kernels)}")
+    timelines = {r: (torch.tensor(kernels[r]["parts"], dtype=torch.int64), list(timeline_data.PART_COLUMNS))
+                 for r in rungs or kernels}
+    m, n, k = result["shape"]
+    return (m, n, k), result["sm_count"], result["environment"].get("sm_clock", "?"), timelines
 
 
 def live_timelines(shape: str, rungs: list[str], k_major_b: bool) -> tuple[tuple[int, int, int], int, dict]:

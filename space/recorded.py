@@ -104,7 +104,7 @@ def _number(value, kind):
 def load_timeline_file(path: Path) -> dict:
     """One timeline file in ``run_timeline``'s format, checked by ``timeline_data.validate``;
     ``{"error": ...}`` when it cannot be read or fails the check."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="numpy") as f:
@@ -134,7 +134,7 @@ def load_timeline_file(path: Path) -> dict:
             "error": None,
         }
         return timeline_data.validate(result)
-    except (OSError, KeyError, ValueError, TypeError) as exc:
+    except (OSError, KeyError, ValueError, TypeError, SafetensorError) as exc:  # SafetensorError: not a safetensors file
         return {"error": f"could not read {path.name}: {type(exc).__name__}: {exc}"}
 
 

@@ -600,7 +600,7 @@ def _write_recorded_timeline(path: Path, rows: list[list[int]], shape: str) -> N
     from safetensors.torch import save_file
 
     columns = ["tile_m", "tile_n", "k_begin", "k_end", "sm", "cta", "start_ns", "end_ns"]
-    kernels = {"wgmma_persistent": {"columns": columns}}
+    kernels = {"wgmma_persistent": {"columns": columns, "tile_config": {"block_m": 128, "block_n": 128}}}
     save_file({"wgmma_persistent": torch.tensor(rows, dtype=torch.int64)}, str(path),
               metadata={"kernels": json.dumps(kernels), "sm_count": "4", "sm_clock": "1500 MHz", "shape": shape})
 
@@ -613,7 +613,6 @@ def test_timeline_stats_reads_a_recorded_timeline_without_a_gpu(repo_root, subpr
         [0, 0, 0, 128, 0, 0, 1_000, 11_000],  # a whole tile
         [1, 0, 0, 64, 1, 1, 1_000, 7_000],    # tile (1, 0) in two parts: the first ends at 6 us ...
         [1, 0, 64, 128, 2, 2, 1_000, 10_500],  # ... the one ending at K at 9.5 us: 3.5 us later
-        [-1, -1, -1, -1, -1, -1, -1, -1],      # a row the launch did not use
     ], "256x128x128")
     done = subprocess.run([sys.executable, str(SCRIPTS / "timeline_stats.py"), "--recorded", str(path)],
                           cwd=repo_root, env=subprocess_env, capture_output=True, text=True, timeout=120)
@@ -633,3 +632,17 @@ def test_timeline_stats_names_a_rung_the_recording_lacks(repo_root, subprocess_e
                           cwd=repo_root, env=subprocess_env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "has no timeline of tiled; it has wgmma_persistent" in done.stderr
+
+
+def test_timeline_stats_names_a_recording_it_cannot_read(repo_root, subprocess_env, tmp_path):
+    """A file that is not a timeline, and one whose tiles do not cover the output,
+    end with the Space loader's message, not a traceback."""
+    not_a_timeline = tmp_path / "notes.safetensors"
+    not_a_timeline.write_text("not safetensors")
+    gap = tmp_path / "256x128x128.safetensors"
+    _write_recorded_timeline(gap, [[0, 0, 0, 128, 0, 0, 0, 1_000]], "256x128x128")  # tile (1, 0) is missing
+    for path, says in ((not_a_timeline, "could not read notes.safetensors"), (gap, "sanity check")):
+        done = subprocess.run([sys.executable, str(SCRIPTS / "timeline_stats.py"), "--recorded", str(path)],
+                              cwd=repo_root, env=subprocess_env, capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0
+        assert says in done.stderr and "Traceback" not in done.stderr, done.stderr

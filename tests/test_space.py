@@ -695,6 +695,18 @@ def test_recorded_roundtrip(tmp_path):
     assert recorded.load_benchmark(tmp_path / "missing") is None and recorded.load_timelines(tmp_path / "x") == {}
 
 
+def test_a_file_that_is_not_safetensors_reads_as_an_error(tmp_path):
+    """A corrupt timeline file in the recorded folder is reported, not raised:
+    the Space still starts and shows the others."""
+    import recorded
+
+    folder = tmp_path / recorded.TIMELINE_DIR
+    folder.mkdir()
+    (folder / "64x64x64.safetensors").write_text("not safetensors")
+    timelines = recorded.load_timelines(tmp_path)
+    assert timelines["64x64x64"]["error"].startswith("could not read 64x64x64.safetensors: SafetensorError")
+
+
 def test_whole_tile_recordings_still_read(tmp_path):
     """A file of the whole-tile format (one tile_config, <kernel>_ms/_grid keys, six
     columns) reads as parts with the K-range [0, K); a broken one gives an error."""
