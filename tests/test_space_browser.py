@@ -106,9 +106,14 @@ def _frame_src(page) -> str:
 
 
 def _wait_for_new_frame(page, old: str) -> str:
-    """Wait until the replay shows a frame other than ``old``; returns the new one's src."""
-    page.wait_for_function("old => { const img = document.querySelector('#replay-frame img');"
-                           " return img && img.src && img.src !== old; }", arg=old, timeout=30_000)
+    """Wait until the replay shows a frame other than ``old``; returns the new one's src.
+    On a timeout the failure says where the slider stood, which tells a dropped
+    slider event from a slider value overwritten before it was sent."""
+    try:
+        page.wait_for_function("old => { const img = document.querySelector('#replay-frame img');"
+                               " return img && img.src && img.src !== old; }", arg=old, timeout=30_000)
+    except sync_api.TimeoutError:
+        raise AssertionError(f"no new replay frame within 30 s; the slider reads {_slider_value(page)}") from None
     return _frame_src(page)
 
 
