@@ -80,12 +80,19 @@ def record_benchmark(out: Path) -> int:
         rows += result["rows"]
         env = result["environment"]
         for r in result["rows"]:
-            print(f"{r['m']}x{r['n']}x{r['k']} {dtype:8} {r['rung']:16} "
-                  + (f"{r['tflops']:7.1f} TFLOP/s  x{r['ratio_vs_cublas']:.2f}  graph {r.get('graph_ms')} ms  "
-                     f"host {r.get('host_us')} us  err {r['rel_error']:.1e} {r['note']}" if r["tflops"] else r["note"]),
-                  flush=True)
+            figures = r["note"]  # a rung that did not run: why
+            if r["tflops"]:
+                figures = (f"{r['tflops']:7.1f} TFLOP/s  x{r['ratio_vs_cublas']:.2f}  "
+                           f"graph {_figure(r.get('graph_ms'), '.4f')} ms  host {_figure(r.get('host_us'), '.1f')} us  "
+                           f"err {r['rel_error']:.1e} {r['note']}")
+            print(f"{r['m']}x{r['n']}x{r['k']} {dtype:8} {r['rung']:16} {figures}", flush=True)
     print(f"wrote {recorded.save_benchmark({'environment': env, 'rows': rows}, out)}")
     return 0
+
+
+def _figure(value, spec: str) -> str:
+    """A measured figure for the log, or "n/a" where the run has none."""
+    return "n/a" if value is None else format(value, spec)
 
 
 def record_timelines(out: Path) -> int:
@@ -100,7 +107,8 @@ def record_timelines(out: Path) -> int:
             failed += 1
             continue
         for name, kern in result["kernels"].items():
-            stats = f"{len(kern['parts'])} parts, grid {kern['grid']}, cluster {kern['cluster_size']}, {kern['ms']} ms"
+            stats = (f"{len(kern['parts'])} parts, grid {kern['grid']}, cluster {kern['cluster_size']}, "
+                     f"{_figure(kern['ms'], '.4f')} ms")
             print(f"  {name}: {stats if kern['parts'] else kern['note']}")
         problems = timeline_problems(result)
         if problems:
