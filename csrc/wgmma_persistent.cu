@@ -107,9 +107,12 @@ cudaError_t launch_kernel(const MatmulProblem& p, cudaStream_t stream, int devic
 // split-tail kernel of the 128-wide tile (advisory C7511, not enough
 // registers for the wgmma pipeline), which would make it several times
 // slower; such builds leave it out, and that order runs as the dynamic one
-// there (the same whole tiles, the last round not split).
+// there (the same whole tiles, the last round not split). The 192 x 192 tile
+// has none: it runs only where its tiles make whole rounds, and the
+// workspace holds partial sums of 128-row tiles (a flag per consumer of two).
 template <int CLUSTER, typename Shape>
-constexpr bool kSplitTailBuilt = hopper::kBuiltWithCuda13 || !(CLUSTER == 1 && Shape::BN == 128);
+constexpr bool kSplitTailBuilt = Shape::CONSUMERS == kSplitFlagsPerSlot &&
+                                 (hopper::kBuiltWithCuda13 || !(CLUSTER == 1 && Shape::BN == 128));
 
 // Whether this build has the CTA-pair kernels. Built with CUDA 12 (nvcc 12.4,
 // ptxas 12.6) they fault wherever a pair runs more than one tile (4096^3,

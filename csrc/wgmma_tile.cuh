@@ -1,12 +1,12 @@
 // The CTA body shared by the Hopper rungs `wgmma` and `wgmma_persistent`:
 // warp-specialized TMA + wgmma over a stream of output tiles.
 //
-// A CTA has three warpgroups. Warpgroup 0 is the producer: it gives most of
-// its registers away (setmaxnreg) and one of its threads issues TMA loads of
-// BM x BK slices of A and BK x BN slices of B into a ring of STAGES
-// shared-memory stages, 128-byte swizzled, each completing on its `full`
-// mbarrier. Warpgroups 1 and 2 are consumers: each takes 64 rows of the
-// 128-row tile, waits for a stage, multiplies it with four m64nBNk16 wgmmas
+// A CTA has three warpgroups (four for the 192 x 192 tile). Warpgroup 0 is
+// the producer: it gives most of its registers away (setmaxnreg) and one of
+// its threads issues TMA loads of BM x BK slices of A and BK x BN slices of B
+// into a ring of STAGES shared-memory stages, 128-byte swizzled, each
+// completing on its `full` mbarrier. The others are consumers: each takes 64
+// rows of the tile, waits for a stage, multiplies it with four m64nBNk16 wgmmas
 // (fp32 accumulators in registers), waits for them and frees the stage on
 // its `empty` mbarrier at once (the other consumer's wgmmas keep the tensor
 // cores busy meanwhile). After the last k-block the consumers round their
@@ -47,26 +47,28 @@ namespace hopper {
 // tile the producer is already loading.
 constexpr int TILE_QUEUE_SLOTS = 2;
 
-// A 128 x BN x 64 tile: two consumer warpgroups of 64 x BN each. BN = 256
-// for problems with enough tiles to fill the GPU, 192 where those tiles make
-// whole rounds and the 256-wide ones do not, 64 for a few hundred tokens
-// where those tiles fit on the SMs at once, 128 otherwise (tile_width in
-// wgmma_launch.cuh). The stages take what fits in 194 KB of shared memory
-// (4 of 48 or 40 KB, 6 of 32 KB or 8 of 24 KB); the output staging buffers
-// (two 64 x 64 boxes per consumer) take 32 KB.
-template <int BN_>
+// A BM x BN x 64 tile: CONSUMERS warpgroups of 64 x BN each, BM = 64 x
+// CONSUMERS. 128 rows: BN = 256 for problems with enough tiles to fill the
+// GPU, 192 where those tiles make whole rounds and the 256-wide ones do not,
+// 64 for a few hundred tokens where those tiles fit on the SMs at once, 128
+// otherwise; 192 x 192 (three consumers) where only those make whole rounds
+// (tile_shape in wgmma_launch.cuh). The output staging buffers (two 64 x 64
+// boxes per consumer) take 32 or 48 KB, the stages what fits beside them in
+// 226 KB (4 of 48 or 40 KB, 6 of 32 KB or 8 of 24 KB; 3 of 48 KB for three
+// consumers).
+template <int BN_, int CONSUMERS_ = 2>
 struct WgmmaShape {
-  static constexpr int BM = 128, BN = BN_, BK = 64;
-  static constexpr int CONSUMERS = 2;
+  static constexpr int CONSUMERS = CONSUMERS_;
+  static constexpr int BM = 64 * CONSUMERS, BN = BN_, BK = 64;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int ACCUMULATORS = BN / 2;  // fp32 registers per consumer thread
   static constexpr int A_STAGE_BYTES = BM * BK * 2;
   static constexpr int B_STAGE_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
-  static constexpr int STAGES = (194 * 1024) / STAGE_BYTES;
   static constexpr int OUT_BOX_BYTES = 64 * 64 * 2;  // a 64 x 64 box of the output, 128-byte rows
   static constexpr int OUT_BUFFERS = 2;              // per consumer: one fills while TMA reads the other
   static constexpr int OUT_STAGING_BYTES = CONSUMERS * OUT_BUFFERS * OUT_BOX_BYTES;
+  static constexpr int STAGES = (226 * 1024 - OUT_STAGING_BYTES) / STAGE_BYTES;
   // Output boxes a consumer of `wgmma_persistent` stores at a tile's end;
   // the others wait in registers (PendingStore) for the next tile's first
   // k-blocks. Of a 128 x 256 tile's four, keeping three there besides the
@@ -74,7 +76,8 @@ struct WgmmaShape {
   // which then ran 3-5% slower than with two (H200, 2026-12-02). The 128 x 192
   // tile stores all three at its end: with one or two kept, ptxas 13.0
   // serialised the wgmmas of some of its kernels (C7511: the pairs' kernels
-  // with two, the single CTAs' split kernels with one).
+  // with two, the single CTAs' split kernels with one). So does the 192 x 192
+  // tile, whose consumers have fewer registers.
   static constexpr int BOXES_AT_TILE_END = BN == 192 ? 3 : BN > 128 ? 2 : 0;
   // 1024 bytes of slack to align the stages for the 128-byte swizzle, the
   // stages, the output staging (1024-byte aligned too), the full and empty
@@ -86,9 +89,11 @@ struct WgmmaShape {
   // Registers per thread after setmaxnreg. At launch every thread holds
   // LAUNCH_REGS (64K / THREADS, rounded down to 8); the consumers can only
   // grow by what the producer gives back, else setmaxnreg.inc waits forever
-  // (a hang seen on the H200 with 48 / 232).
+  // (a hang seen on the H200 with 48 / 232). What a producer of 40 leaves:
+  // 232 each for two consumers, 152 each for three.
   static constexpr int LAUNCH_REGS = (65536 / THREADS) / 8 * 8;
-  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  static constexpr int PRODUCER_REGS = 40;
+  static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 152;
   static_assert((LAUNCH_REGS - PRODUCER_REGS) * 128 >= (CONSUMER_REGS - LAUNCH_REGS) * 128 * CONSUMERS,
                 "the consumers' registers must come from the producer's");
 };
@@ -96,6 +101,7 @@ using WideTile = WgmmaShape<256>;
 using MediumTile = WgmmaShape<192>;
 using NarrowTile = WgmmaShape<128>;
 using SlimTile = WgmmaShape<64>;
+using SquareTile = WgmmaShape<192, 3>;
 
 // The tile queue in shared memory: per slot a tile index and two barriers,
 // `full` (the producer thread has written the slot) and `empty` (every
@@ -318,9 +324,9 @@ __device__ __forceinline__ UnitRole role_of(const SplitTailUnits<CLUSTER, PRODUC
 // more, saying so through the barrier itself (bar.red.or): a flag in shared
 // memory that one consumer set made compute-sanitizer's racecheck report its
 // write and the recording warp's read as a race in the CTA pairs' kernels,
-// whatever barrier stood between them. (Barrier 0 is __syncthreads, 2 and 3
+// whatever barrier stood between them. (Barrier 0 is __syncthreads, 2 to 4
 // the consumer warpgroups' own.)
-constexpr int kUnitStart = 1, kUnitEnd = 4;
+constexpr int kUnitStart = 1, kUnitEnd = 5;
 template <typename Shape>
 constexpr int kRecordingThreads = 128 * Shape::CONSUMERS + 32;
 // Notes in the ring: while the recording warp reads the note of unit u, the
@@ -540,7 +546,7 @@ __device__ __forceinline__ void claim_box(int consumer, int box) {
   } else {
     bulk_wait_read<1>();
   }
-  named_barrier_sync(2 + consumer, 128);  // named barrier of this consumer warpgroup (0: __syncthreads; 1, 4: timeline)
+  named_barrier_sync(2 + consumer, 128);  // named barrier of this consumer warpgroup (0: __syncthreads; 1, 5: timeline)
 }
 template <typename Shape>
 __device__ __forceinline__ void stage_pending_box(char* staging, int consumer, int box,
@@ -827,6 +833,7 @@ template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE,
 __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensorMap* map_b,
                                         const CUtensorMap* map_out, bool store_by_tma, const MatmulProblem& p,
                                         MakeTiles make_tiles) {
+  static_assert(2 + Shape::CONSUMERS <= kUnitEnd, "the consumers' named barriers 2, 3, ... end below kUnitEnd");
   extern __shared__ char smem_raw[];
   const SharedStages<Shape> smem(smem_raw);
   __shared__ Recording recording;  // the instrumented build's (record_units)

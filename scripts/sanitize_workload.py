@@ -33,9 +33,12 @@ from harness.kernel import load_kernel
 # in 4 parts over an odd number of tile rows. (129, 65, 70), (256, 192, 128) and
 # (200, 136, 192) run wgmma_persistent's 64-wide tiles in CTA pairs. On 132 SMs,
 # (512, 6280, 200) and (1024, 6336, 64) run its 192-wide tiles: one round, the last
-# tile column clipped, and two rounds of one k-block (two tiles stored back to back).
+# tile column clipped, and two rounds of one k-block (two tiles stored back to back);
+# (1100, 4096, 130) its 192 x 192 tiles (three consumer warpgroups): one round, the
+# last tile row and column clipped.
 SHAPES = [(1, 1, 1), (7, 9, 5), (129, 65, 70), (64, 200, 33), (8, 300, 4000), (256, 192, 128), (200, 136, 192),
-          (512, 6280, 200), (1024, 6336, 64), (8, 4096, 1024), (100, 4096, 1040), (300, 1000, 1100)]
+          (512, 6280, 200), (1024, 6336, 64), (1100, 4096, 130), (8, 4096, 1024), (100, 4096, 1040),
+          (300, 1000, 1100)]
 LAYOUTS = [(False, False), (True, True), (False, True)]
 # More 128x256 tiles than a 132-SM GPU holds, not whole waves, K with a tail:
 # the split-tail order splits tiles here.

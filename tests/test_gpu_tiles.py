@@ -26,11 +26,11 @@ TIMELINE_RUNS = [("tiled", "grouped"), ("persistent", "grouped"), ("persistent",
                  ("wgmma_persistent", "split_tail"), ("wgmma_streamk", None)]
 # Products whose tiles are cut in K: split tail's last, ragged round (persistent
 # splits the 2000 x 4200 x 1024 tiles' in 4 parts on a 132-SM GPU, wgmma_persistent's
-# CTA pairs the 3000^3 ones in 5), wgmma_persistent's split tail where fewer tiles
+# CTA pairs the 1600 x 3000 x 3000 ones in 3), wgmma_persistent's split tail where fewer tiles
 # than SMs are all split (128 x 4096 x 4096: 64 tiles 64 wide in 2 parts;
 # 256 x 4096 x 14336: 32 pairs of 128-wide tiles in 2; 64 x 4096 x 4096: 32 tiles in 4),
 # and stream-K's decode shapes (32 tiles of 32 k-blocks on 132 SMs: every tile in 4 or 5 parts).
-CUT_RUNS = [("persistent", "split_tail", (2000, 4200, 1024)), ("wgmma_persistent", "split_tail", (3000, 3000, 3000)),
+CUT_RUNS = [("persistent", "split_tail", (2000, 4200, 1024)), ("wgmma_persistent", "split_tail", (1600, 3000, 3000)),
             ("wgmma_persistent", "split_tail", (128, 4096, 4096)), ("wgmma_persistent", "split_tail", (256, 4096, 14336)),
             ("wgmma_persistent", "split_tail", (64, 4096, 4096)),
             ("wgmma_streamk", None, (16, 4096, 4096)), ("wgmma_streamk", None, (1, 4096, 4096))]
@@ -274,11 +274,12 @@ def test_hopper_staged_store_with_bias(pm, kernel):
         assert check_exact(out, a, b, bias) == 0, f"{kernel} {m}x{n}x{k}: wrong values"
 
 
-# 128 x 256 tiles, more than CTAs. N: the last tile column 3 boxes of 64 wide
-# (the third clipped), or 1 (only the box stored at a tile's end). K: 1 k-block
+# 128 x 256 tiles, more than CTAs (and more than two rounds of 192 x 192 ones).
+# N: the last tile column 3 boxes of 64 wide (the third clipped), or 1 (only
+# the box stored at a tile's end). K: 1 k-block
 # (fewer than the boxes that wait: they go out at the next tile's start), 3
 # (one box after each), 9.
-DEFERRED_STORE_SHAPES = [(2048, 4232, 64), (2048, 4232, 192), (2048, 4160, 520), (4096, 4232, 520)]
+DEFERRED_STORE_SHAPES = [(2176, 4232, 64), (2176, 4232, 192), (2048, 4160, 520), (4096, 4232, 520)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -338,6 +339,48 @@ def test_medium_tiles_where_they_make_whole_rounds(pm, variant_dir, kernel, clus
             assert torch.isnan(buffer[:, n:]).all(), f"{kernel} {m}x{n}x{k}: wrote outside out"
 
 
+def square_tile_shapes() -> list[tuple[int, int, int]]:
+    """Products that run 192 x 192 tiles on this GPU (hopper::tile_shape: one or two
+    whole rounds of them in an even number of tile rows, four or more, where
+    neither 128 x 256 nor 128 x 192 tiles make whole rounds): 4 rows of tiles by
+    SMs // 4 columns at one k-block and a long K; 6 rows (the last 40 or 140 rows
+    of the output, so two or one of its consumers compute nothing) by SMs // 6
+    columns, the last 136 (one 128-wide wgmma, clipped) or 64 columns wide, at a
+    ragged K; and 3000^3, two rounds with a K tail."""
+    cols4, cols6 = sm_count() // 4, sm_count() // 6
+    return [(768, 192 * cols4, 64), (768, 192 * cols4, 4096), (1000, 192 * (cols6 - 1) + 136, 1000),
+            (1100, 192 * (cols6 - 1) + 64, 130), (3000, 3000, 3000)]
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "wgmma_persistent"])
+@pytest.mark.parametrize("cluster_size", [None, 1], ids=["default", "single-ctas"])
+@pytest.mark.parametrize("b_kmajor", [False, True], ids=["b-n-major", "b-k-major"])
+def test_square_tiles_where_they_make_whole_rounds(pm, variant_dir, kernel, cluster_size, b_kmajor):
+    """Where 192 x 192 tiles fill the SMs in one or two rounds and the 128-row ones
+    do not, the Hopper rungs run them (CUDA 13 builds): three consumer warpgroups a
+    CTA, bit-exact in both dtypes and B layouts, with a bias, nothing written
+    outside out, edge rows and columns included. In an odd number of tile rows
+    they do not run (2048 x 4232: 11 rows, 253 tiles)."""
+    skip_unless_runs(pm, kernel)
+    if kernel == "wgmma" and cluster_size == 1:
+        pytest.skip("wgmma has no clusters")
+    options = {"cluster_size": cluster_size} if kernel == "wgmma_persistent" else {}
+    assert pm.tile_config(2048, 4232, kernel="wgmma_persistent", k=4096)["block_m"] == 128
+    for m, n, k in square_tile_shapes():
+        cfg = pm.tile_config(m, n, kernel="wgmma_persistent", k=k)
+        square = (cfg["block_m"], cfg["block_n"]) == (192, 192)
+        assert square != built_with_cuda12(variant_dir), (m, n, k, cfg)  # CUDA 12: 128-row tiles
+        for dtype in (torch.bfloat16, torch.float16):
+            a, b = exact_int_operands(m, n, k, dtype, "cuda", b_transposed=b_kmajor, headroom=1)
+            bias = exact_int_bias(n, dtype, "cuda")
+            buffer = poison(torch.empty(m, n + 8, dtype=dtype, device="cuda"))
+            out = buffer[:, :n]
+            pm.matmul(a, b, kernel=kernel, out=out, bias=bias, **options)
+            torch.cuda.synchronize()
+            assert check_exact(out, a, b, bias) == 0, f"{kernel} {m}x{n}x{k} {dtype}: wrong values"
+            assert torch.isnan(buffer[:, n:]).all(), f"{kernel} {m}x{n}x{k}: wrote outside out"
+
+
 def test_wide_tiles_from_seven_eighths_of_the_sms(pm, variant_dir):
     """128 x 256 tiles from 7/8 of the SMs on (one round of them in place of two of
     128 x 128), 128 x 128 below, and the product right at both."""
@@ -369,7 +412,7 @@ def signed_permutation(n: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("cluster_size", [None, 1], ids=["pairs", "single-ctas"])
-@pytest.mark.parametrize("m, k", [(4096, 2048), (3000, 3000), (1000, 520)])
+@pytest.mark.parametrize("m, k", [(4096, 2048), (3000, 3000), (1600, 3000), (1000, 520)])
 def test_wgmma_persistent_chained_calls_wait_for_each_other(pm, cluster_size, m, k):
     """A launch of wgmma_persistent may start while the kernel before it in the
     stream still runs (a programmatic dependent launch, csrc/wgmma_persistent.cu)
@@ -377,8 +420,9 @@ def test_wgmma_persistent_chained_calls_wait_for_each_other(pm, cluster_size, m,
     back to back on one stream, each product reading the previous one's output
     (read after write) and overwriting the buffer the previous one read (write
     after read), checked exactly at the end: x @ w1 @ w2 @ ... with signed
-    permutations w (4096 x 2048 x 2048: 128 x 256 tiles, two a CTA; 3000^3: a
-    split last round; 1000 x 520 x 520: 128 x 128 tiles, one a CTA)."""
+    permutations w (4096 x 2048 x 2048: 128 x 256 tiles, two a CTA; 3000^3:
+    192 x 192 tiles, two a CTA; 1600 x 3000 x 3000: a split last round;
+    1000 x 520 x 520: 128 x 128 tiles, one a CTA)."""
     skip_unless_runs(pm, "wgmma_persistent")
     x = torch.randint(-8, 9, (m, k), device="cuda").to(torch.bfloat16)
     buffers = [x.clone(), poison(torch.empty(m, k, dtype=torch.bfloat16, device="cuda"))]
