@@ -303,6 +303,20 @@ def test_wgmma_persistent_stores_a_tile_during_the_next(pm, m, n, k, dtype):
         assert torch.isnan(buffer[:, n:]).all(), f"{m}x{n}x{k}: wrote outside out"
 
 
+def assert_exact_in_both_dtypes(pm, kernel, m, n, k, b_kmajor, options):
+    """m x n x k in bf16 and fp16 with a bias: every element exact, nothing written
+    past out's columns (out is a view inside a wider poisoned buffer)."""
+    for dtype in (torch.bfloat16, torch.float16):
+        a, b = exact_int_operands(m, n, k, dtype, "cuda", b_transposed=b_kmajor, headroom=1)
+        bias = exact_int_bias(n, dtype, "cuda")
+        buffer = poison(torch.empty(m, n + 8, dtype=dtype, device="cuda"))
+        out = buffer[:, :n]
+        pm.matmul(a, b, kernel=kernel, out=out, bias=bias, **options)
+        torch.cuda.synchronize()
+        assert check_exact(out, a, b, bias) == 0, f"{kernel} {m}x{n}x{k} {dtype}: wrong values"
+        assert torch.isnan(buffer[:, n:]).all(), f"{kernel} {m}x{n}x{k}: wrote outside out"
+
+
 def medium_tile_shapes() -> list[tuple[int, int, int]]:
     """Products that run 128 x 192 tiles on this GPU (hopper::tile_width: one or two
     whole rounds of them, which 128 x 256 tiles do not make): 4 rows of tiles by
@@ -328,15 +342,7 @@ def test_medium_tiles_where_they_make_whole_rounds(pm, variant_dir, kernel, clus
     for m, n, k in medium_tile_shapes():
         cfg = pm.tile_config(m, n, kernel="wgmma_persistent", k=k)
         assert (cfg["block_n"] == 192) != built_with_cuda12(variant_dir), (m, n, k, cfg)  # CUDA 12: 256 or 128
-        for dtype in (torch.bfloat16, torch.float16):
-            a, b = exact_int_operands(m, n, k, dtype, "cuda", b_transposed=b_kmajor, headroom=1)
-            bias = exact_int_bias(n, dtype, "cuda")
-            buffer = poison(torch.empty(m, n + 8, dtype=dtype, device="cuda"))
-            out = buffer[:, :n]
-            pm.matmul(a, b, kernel=kernel, out=out, bias=bias, **options)
-            torch.cuda.synchronize()
-            assert check_exact(out, a, b, bias) == 0, f"{kernel} {m}x{n}x{k} {dtype}: wrong values"
-            assert torch.isnan(buffer[:, n:]).all(), f"{kernel} {m}x{n}x{k}: wrote outside out"
+        assert_exact_in_both_dtypes(pm, kernel, m, n, k, b_kmajor, options)
 
 
 def square_tile_shapes() -> list[tuple[int, int, int]]:
@@ -370,15 +376,7 @@ def test_square_tiles_where_they_make_whole_rounds(pm, variant_dir, kernel, clus
         cfg = pm.tile_config(m, n, kernel="wgmma_persistent", k=k)
         square = (cfg["block_m"], cfg["block_n"]) == (192, 192)
         assert square != built_with_cuda12(variant_dir), (m, n, k, cfg)  # CUDA 12: 128-row tiles
-        for dtype in (torch.bfloat16, torch.float16):
-            a, b = exact_int_operands(m, n, k, dtype, "cuda", b_transposed=b_kmajor, headroom=1)
-            bias = exact_int_bias(n, dtype, "cuda")
-            buffer = poison(torch.empty(m, n + 8, dtype=dtype, device="cuda"))
-            out = buffer[:, :n]
-            pm.matmul(a, b, kernel=kernel, out=out, bias=bias, **options)
-            torch.cuda.synchronize()
-            assert check_exact(out, a, b, bias) == 0, f"{kernel} {m}x{n}x{k} {dtype}: wrong values"
-            assert torch.isnan(buffer[:, n:]).all(), f"{kernel} {m}x{n}x{k}: wrote outside out"
+        assert_exact_in_both_dtypes(pm, kernel, m, n, k, b_kmajor, options)
 
 
 def test_wide_tiles_from_seven_eighths_of_the_sms(pm, variant_dir):
