@@ -69,13 +69,16 @@ enum class TileShape { kWide, kMedium, kSquare, kNarrow, kSlim };
 //   pair re-reads the tokens for half the weight columns of a 128-wide tile
 //   (0.88x at 256 x 4096 x 14336).
 // - 128 x 128 otherwise.
-// (benchmarks/NOTES.md, "Why 64-wide tiles for a few hundred tokens" and "Why
-// 192-wide tiles, and 256-wide ones from 7/8 of the SMs")
+// (benchmarks/NOTES.md, "Why 64-wide tiles for a few hundred tokens", "Why
+// 192-wide tiles, and 256-wide ones from 7/8 of the SMs" and "Why 192 x 192
+// tiles where only they make whole rounds")
 inline TileShape tile_shape(int64_t m, int64_t n, int64_t k, int sms) {
   const int64_t rows = ceil_div(m, kWgmmaTileRows);
   const int64_t wide = rows * ceil_div(n, WideTile::BN), medium = rows * ceil_div(n, MediumTile::BN);
   const bool wide_rounds = makes_whole_rounds(wide, sms);
-  auto fits_one_or_two_rounds = [&](int64_t tiles) { return tiles <= 2 * int64_t(sms) && makes_whole_rounds(tiles, sms); };
+  auto fits_one_or_two_rounds = [&](int64_t tiles) {
+    return tiles <= 2 * int64_t(sms) && makes_whole_rounds(tiles, sms);
+  };
   if (kMediumTileBuilt && !wide_rounds && fits_one_or_two_rounds(medium)) return TileShape::kMedium;
   const int64_t square_rows = ceil_div(m, SquareTile::BM), square = square_rows * ceil_div(n, SquareTile::BN);
   if (kSquareTileBuilt && !wide_rounds && square_rows >= 4 && square_rows % 2 == 0 && fits_one_or_two_rounds(square)) {
