@@ -318,7 +318,7 @@ def assert_exact_in_both_dtypes(pm, kernel, m, n, k, b_kmajor, options):
 
 
 def medium_tile_shapes() -> list[tuple[int, int, int]]:
-    """Products that run 128 x 192 tiles on this GPU (hopper::tile_width: one or two
+    """Products that run 128 x 192 tiles on this GPU (hopper::tile_shape: one or two
     whole rounds of them, which 128 x 256 tiles do not make): 4 rows of tiles by
     SMs // 4 columns, the last column 192, 136 (a 192-wide wgmma, clipped) or 64
     (a 64-wide one) of the output's columns wide; two such rounds of tiles at one
