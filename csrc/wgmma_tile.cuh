@@ -47,6 +47,12 @@ namespace hopper {
 // tile the producer is already loading.
 constexpr int TILE_QUEUE_SLOTS = 2;
 
+// Named barriers (bar.sync ids) of a CTA: 0 is __syncthreads, kUnitStart and
+// kUnitEnd the instrumented build's (record_units), and each consumer
+// warpgroup has its own, consumer_barrier(consumer), from 2 on.
+constexpr int kUnitStart = 1, kFirstConsumerBarrier = 2, kUnitEnd = 5;
+__device__ __forceinline__ int consumer_barrier(int consumer) { return kFirstConsumerBarrier + consumer; }
+
 // A BM x BN x 64 tile: CONSUMERS warpgroups of 64 x BN each, BM = 64 x
 // CONSUMERS. 128 rows: BN = 256 for problems with enough tiles to fill the
 // GPU, 192 where those tiles make whole rounds and the 256-wide ones do not,
@@ -61,6 +67,7 @@ struct WgmmaShape {
   static constexpr int CONSUMERS = CONSUMERS_;
   static constexpr int BM = 64 * CONSUMERS, BN = BN_, BK = 64;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
+  static_assert(kFirstConsumerBarrier + CONSUMERS <= kUnitEnd, "a named barrier per consumer, below kUnitEnd");
   static constexpr int ACCUMULATORS = BN / 2;  // fp32 registers per consumer thread
   static constexpr int A_STAGE_BYTES = BM * BK * 2;
   static constexpr int B_STAGE_BYTES = BN * BK * 2;
@@ -324,9 +331,7 @@ __device__ __forceinline__ UnitRole role_of(const SplitTailUnits<CLUSTER, PRODUC
 // more, saying so through the barrier itself (bar.red.or): a flag in shared
 // memory that one consumer set made compute-sanitizer's racecheck report its
 // write and the recording warp's read as a race in the CTA pairs' kernels,
-// whatever barrier stood between them. (Barrier 0 is __syncthreads, 2 to 4
-// the consumer warpgroups' own.)
-constexpr int kUnitStart = 1, kUnitEnd = 5;
+// whatever barrier stood between them.
 template <typename Shape>
 constexpr int kRecordingThreads = 128 * Shape::CONSUMERS + 32;
 // Notes in the ring: while the recording warp reads the note of unit u, the
@@ -546,7 +551,7 @@ __device__ __forceinline__ void claim_box(int consumer, int box) {
   } else {
     bulk_wait_read<1>();
   }
-  named_barrier_sync(2 + consumer, 128);  // named barrier of this consumer warpgroup (0: __syncthreads; 1, 5: timeline)
+  named_barrier_sync(consumer_barrier(consumer), 128);
 }
 template <typename Shape>
 __device__ __forceinline__ void stage_pending_box(char* staging, int consumer, int box,
@@ -569,7 +574,7 @@ __device__ __forceinline__ void stage_pending_box(char* staging, int consumer, i
 template <typename Shape>
 __device__ __forceinline__ void send_box(const CUtensorMap* map_out, char* staging, int consumer, int box,
                                          const PendingStore<Shape>& pending) {
-  named_barrier_sync(2 + consumer, 128);  // every thread has staged the box
+  named_barrier_sync(consumer_barrier(consumer), 128);  // every thread has staged the box
   if (threadIdx.x % 128 == 0) {
     if (box < pending.boxes) {
       tma_store_2d(map_out, out_buffer<Shape>(staging, consumer, box), pending.tile.n * Shape::BN + box * 64,
@@ -753,7 +758,7 @@ __device__ __forceinline__ void store_tile_staged(const MatmulProblem& p, char* 
                                                   int consumer, const float (&d)[Shape::ACCUMULATORS],
                                                   PendingStore<Shape>& rounded) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int barrier = 2 + consumer;
+  const int barrier = consumer_barrier(consumer);
   T* out = static_cast<T*>(p.out);
   const bool out_even = reinterpret_cast<uintptr_t>(out) % 4 == 0;
   const int64_t first_row = int64_t(tile.m) * Shape::BM + consumer * 64;
@@ -801,7 +806,7 @@ __device__ __forceinline__ void hand_over_partial(const MatmulProblem& p, const 
                                                   const float (&d)[Shape::ACCUMULATORS]) {
   store_partial_sums(partial_of<Shape>(p, role.slot, consumer), d);
   __threadfence();
-  named_barrier_sync(2 + consumer, 128);  // every thread's sums are out
+  named_barrier_sync(consumer_barrier(consumer), 128);  // every thread's sums are out
   if (threadIdx.x % 128 == 0) store_release_gpu(partial_flag(p, role.slot, consumer), 1);
 }
 
@@ -812,7 +817,7 @@ __device__ __forceinline__ void take_over_partials(const MatmulProblem& p, const
   if (threadIdx.x % 128 == 0) {
     for (int j = 1; j <= role.part; ++j) wait_and_clear_flag(partial_flag(p, role.slot - j * role.stride, consumer));
   }
-  named_barrier_sync(2 + consumer, 128);
+  named_barrier_sync(consumer_barrier(consumer), 128);
   for (int j = 1; j <= role.part; ++j) add_partial_sums(d, partial_of<Shape>(p, role.slot - j * role.stride, consumer));
 }
 
@@ -833,7 +838,6 @@ template <typename T, typename Shape, int CLUSTER, bool B_KMAJOR, bool TIMELINE,
 __device__ __forceinline__ void run_cta(const CUtensorMap* map_a, const CUtensorMap* map_b,
                                         const CUtensorMap* map_out, bool store_by_tma, const MatmulProblem& p,
                                         MakeTiles make_tiles) {
-  static_assert(2 + Shape::CONSUMERS <= kUnitEnd, "the consumers' named barriers 2, 3, ... end below kUnitEnd");
   extern __shared__ char smem_raw[];
   const SharedStages<Shape> smem(smem_raw);
   __shared__ Recording recording;  // the instrumented build's (record_units)
