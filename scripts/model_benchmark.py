@@ -8,7 +8,8 @@ torch/CUDA versions and commit in the header):
   wall time per call (the loop and a final synchronize) and the time the loop itself
   took per call (enqueueing only: the host cost, whenever the GPU keeps up), for
   torch.matmul / F.linear / an nn.Linear module against pm.matmul / pm.linear / a
-  module running MatmulLinear.forward.
+  module running MatmulLinear.forward; and the floor, what torch's cheapest calls
+  (an allocation, one kernel into an existing tensor) cost the same host.
 * **shapes**: the projections of Llama-3-8B and Llama-3-70B (N x K below) at decode M
   (1 ... 256) and prefill M (512 ... 16384): ``pm.linear(x, w, kernel=...)`` against
   ``F.linear(x, w)``, per call eager (back-to-back calls, CUDA events) and inside a CUDA
@@ -79,6 +80,40 @@ def capture(fn, calls: int) -> torch.cuda.CUDAGraph:
 # ------------------------------------------------------------------------------ part 1: host cost
 
 
+def per_call_us(fn, calls: int, repeats: int) -> tuple[float, float]:
+    """(wall, enqueue) microseconds per call of ``fn``: the medians over ``repeats`` loops of
+    ``calls`` back-to-back calls (wall: the loop and a final synchronize; enqueue: the loop)."""
+    walls, loops = [], []
+    for _ in range(repeats):
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        loops.append((t1 - t0) / calls * 1e6)
+        walls.append((t2 - t0) / calls * 1e6)
+    return statistics.median(walls), statistics.median(loops)
+
+
+def host_floor(calls: int = 1000, repeats: int = 5) -> dict[str, float]:
+    """What torch's cheapest calls cost this host, per call (enqueue, us): allocating a
+    1x4096 bf16 tensor, one kernel through the dispatcher into an existing tensor
+    (``out.zero_()``), and both (``torch.zeros``): below what any op that returns a new
+    CUDA tensor can cost here, ours and torch's alike."""
+    out = torch.empty(1, 4096, device="cuda", dtype=DTYPE)
+    calls_ = {"torch.empty(1, 4096)": lambda: torch.empty(1, 4096, device="cuda", dtype=DTYPE),
+              "out.zero_()": out.zero_,
+              "torch.zeros(1, 4096)": lambda: torch.zeros(1, 4096, device="cuda", dtype=DTYPE)}
+    with torch.no_grad():
+        floor = {name: per_call_us(fn, calls, repeats)[1] for name, fn in calls_.items()}
+    print(json.dumps({"host_floor_us": {k: round(v, 2) for k, v in floor.items()}}), flush=True)
+    return floor
+
+
 def host_cost(pm, calls: int = 1000, repeats: int = 5) -> list[dict]:
     """Per-call wall and enqueue time of each way to compute x @ w.T (see the module docstring)."""
     rows = []
@@ -101,21 +136,7 @@ def host_cost(pm, calls: int = 1000, repeats: int = 5) -> list[dict]:
             for ours, ours_fn, theirs, theirs_fn in pairs:
                 result = {"shape": f"1x{n}x{k}", "ours": ours, "torch": theirs}
                 for key, fn in (("ours", ours_fn), ("torch", theirs_fn)):
-                    walls, loops = [], []
-                    for _ in range(repeats):  # interleaving the two is what the repeats do
-                        for _ in range(20):
-                            fn()
-                        torch.cuda.synchronize()
-                        t0 = time.perf_counter()
-                        for _ in range(calls):
-                            fn()
-                        t1 = time.perf_counter()
-                        torch.cuda.synchronize()
-                        t2 = time.perf_counter()
-                        loops.append((t1 - t0) / calls * 1e6)
-                        walls.append((t2 - t0) / calls * 1e6)
-                    result[f"{key}_wall_us"] = statistics.median(walls)
-                    result[f"{key}_enqueue_us"] = statistics.median(loops)
+                    result[f"{key}_wall_us"], result[f"{key}_enqueue_us"] = per_call_us(fn, calls, repeats)
                 result["ratio_wall"] = result["ours_wall_us"] / result["torch_wall_us"]
                 result["ratio_enqueue"] = result["ours_enqueue_us"] / result["torch_enqueue_us"]
                 rows.append(result)
@@ -124,8 +145,10 @@ def host_cost(pm, calls: int = 1000, repeats: int = 5) -> list[dict]:
     return rows
 
 
-def host_markdown(rows: list[dict]) -> list[str]:
+def host_markdown(rows: list[dict], floor: dict[str, float]) -> list[str]:
+    floor_text = ", ".join(f"`{name}` {us:.2f} us" for name, us in floor.items())
     lines = ["## Host cost per call", "",
+             f"The floor on this host (enqueue per call, the same loops): {floor_text}.", "",
              "1000 back-to-back calls under torch.no_grad(), median of 5 repeats; wall: the loop plus a final "
              "synchronize, per call; enqueue: the loop alone, per call (the host's cost while the GPU keeps up); "
              "ratio: ours / torch's (below 1: ours costs less).", "",
@@ -439,8 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {"environment": env}
     lines = ["# Real-model shapes: persistent_matmul against torch", "", *environment_lines(env), ""]
     if "host" in args.parts:
+        report["host_floor"] = host_floor()
         report["host"] = host_cost(pm)
-        lines += host_markdown(report["host"])
+        lines += host_markdown(report["host"], report["host_floor"])
     if "shapes" in args.parts:
         env["copy_gbs"] = copy_bandwidth()
         rows = []
