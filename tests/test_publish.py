@@ -58,7 +58,8 @@ def token(monkeypatch):
 
 @pytest.fixture
 def repo_copy(tmp_path, repo_root, variant_dir) -> Path:
-    """A copy of the kernel repo (sources, build, benchmarks, space) that a test may edit."""
+    """A copy of the kernel repo (sources, this machine's variant, benchmarks, space) that a
+    test may edit, and that publishes whether or not build/ was built from a dirty tree."""
     dst = tmp_path / "repo"
     dst.mkdir()
     for name in ("build.toml", "CARD.md"):
@@ -67,10 +68,18 @@ def repo_copy(tmp_path, repo_root, variant_dir) -> Path:
     for name in ("csrc", "torch-ext", "space"):
         shutil.copytree(repo_root / name, dst / name, ignore=skip)
     shutil.copytree(variant_dir, dst / "build" / variant_dir.name, ignore=skip)
+    # The copy is of a clean tree whatever the working copy's build says (a developer's build
+    # of uncommitted sources is marked dirty, which publish refuses): the digest excludes
+    # metadata.json, and test_dirty_build_needs_force marks it dirty itself.
+    meta_path = dst / "build" / variant_dir.name / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["provenance"]["kernel"]["dirty"] = False
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     (dst / "benchmarks" / "results").mkdir(parents=True)
     shutil.copy(repo_root / "benchmarks" / "benchmark_matmul.py", dst / "benchmarks")
-    for f in (repo_root / "benchmarks" / "results").glob("*-benchmark.md"):
-        shutil.copy(f, dst / "benchmarks" / "results")
+    for pattern in ("*-benchmark.md", "*-benchmark.png"):  # the card's table and plot
+        for f in (repo_root / "benchmarks" / "results").glob(pattern):
+            shutil.copy(f, dst / "benchmarks" / "results")
     return dst
 
 
@@ -104,20 +113,20 @@ def publish_direct(repo: Path, hub: HubServer, **kw) -> tuple[int, str, str]:
 # --- the happy path -------------------------------------------------------------------
 
 
-def test_publish_kernel_card_and_space(hub, token, capsys, repo_root, monkeypatch):
-    rc, out, err = publish_cli(capsys, repo_root, "--repo-id", REPO_ID, "--space-id", SPACE_ID,
+def test_publish_kernel_card_and_space(hub, token, capsys, repo_copy, monkeypatch):
+    rc, out, err = publish_cli(capsys, repo_copy, "--repo-id", REPO_ID, "--space-id", SPACE_ID,
                                "--endpoint", hub.url)
     assert rc == 0, err
     kernel = hub.repo("kernel", REPO_ID)
     assert set(kernel.branches) == {"main", "v1"}
-    assert managed(kernel.branches["v1"]) == local_kernel_files(repo_root)
+    assert managed(kernel.branches["v1"]) == local_kernel_files(repo_copy)
     assert "benchmarks/benchmark_matmul.py" in kernel.branches["v1"]
     assert not any("__pycache__" in p for p in kernel.branches["v1"])
 
     readme = kernel.branches["main"]["README.md"].decode()
     assert "![TFLOP/s per shape and rung](benchmark.png)" in readme
-    assert kernel.branches["main"]["benchmark.png"] == latest_benchmark_plot(repo_root).read_bytes()
-    assert readme == fill_card(repo_root, REPO_ID)
+    assert kernel.branches["main"]["benchmark.png"] == latest_benchmark_plot(repo_copy).read_bytes()
+    assert readme == fill_card(repo_copy, REPO_ID)
     front = yaml.safe_load(readme.split("---\n")[1])
     assert front["library_name"] == "kernels" and front["license"] == "apache-2.0"
     assert f'get_kernel("{REPO_ID}", version=1)' in readme
@@ -127,12 +136,12 @@ def test_publish_kernel_card_and_space(hub, token, capsys, repo_root, monkeypatc
     assert space.sdk == "gradio"
     space_files = space.branches["main"]
     for name in ("app.py", "gpu_work.py", "README.md", "requirements.txt", "recorded/benchmark.json"):
-        assert space_files[name] == (repo_root / "space" / name).read_bytes()
+        assert space_files[name] == (repo_copy / "space" / name).read_bytes()
     assert not any(p.startswith("screenshots/") or "__pycache__" in p for p in space_files)
     assert space.variables == {"PM_KERNEL_REPO": REPO_ID, "PM_KERNEL_VERSION": "1"}
 
     # The Hub exports Space variables as environment variables; the app reads them.
-    sys.path.insert(0, str(repo_root / "space"))
+    sys.path.insert(0, str(repo_copy / "space"))
     try:
         import gpu_work
 
@@ -140,7 +149,7 @@ def test_publish_kernel_card_and_space(hub, token, capsys, repo_root, monkeypatc
             monkeypatch.setenv(key, value)
         assert gpu_work.kernel_repo() == (REPO_ID, 1)
     finally:
-        sys.path.remove(str(repo_root / "space"))
+        sys.path.remove(str(repo_copy / "space"))
 
     # The token went to the server (and only there).
     assert {r.authorization for r in hub.requests} == {f"Bearer {TOKEN}"}
@@ -202,9 +211,9 @@ def test_chunk():
         chunk([1], 0)
 
 
-def test_round_trip_get_kernel_offline(hub, token, repo_root, tmp_path, subprocess_env, variant_dir):
+def test_round_trip_get_kernel_offline(hub, token, repo_copy, tmp_path, subprocess_env, variant_dir):
     """What v1 holds, placed in an HF cache, is what kernels.get_kernel loads offline."""
-    rc, _, err = publish_direct(repo_root, hub)
+    rc, _, err = publish_direct(repo_copy, hub)
     assert rc == 0, err
     kernel = hub.repo("kernel", REPO_ID)
     sha = kernel.heads["v1"]
@@ -321,8 +330,8 @@ def test_dirty_build_needs_force(hub, token, repo_copy, variant_dir, capsys):
     assert managed(hub.files("kernel", REPO_ID, "v1")) == local_kernel_files(repo_copy)
 
 
-def test_no_token_is_a_dry_run_that_sends_nothing(hub, capsys, repo_root, variant_dir):
-    rc, out, err = publish_cli(capsys, repo_root, "--repo-id", REPO_ID, "--space-id", SPACE_ID,
+def test_no_token_is_a_dry_run_that_sends_nothing(hub, capsys, repo_copy, variant_dir):
+    rc, out, err = publish_cli(capsys, repo_copy, "--repo-id", REPO_ID, "--space-id", SPACE_ID,
                                "--endpoint", hub.url)
     assert rc == 0, err
     assert hub.requests == []
