@@ -513,6 +513,38 @@ def test_model_benchmark_times_each_forward_as_a_batch_of_one(monkeypatch):
     assert ms == 3.0 and len(calls) == 1 + 7 and torch.equal(logits, torch.zeros(2))
 
 
+def test_model_benchmark_host_cost_is_the_loop_per_call_and_the_table_names_the_floor(monkeypatch):
+    """per_call_us: the enqueue time is the loop's, the wall time adds the final synchronize,
+    each divided by the calls (fake clock: 2 us a call, 50 us to synchronize); the host
+    table opens with the floor it was given."""
+    import model_benchmark
+
+    clock = [0.0]
+    monkeypatch.setattr(model_benchmark.time, "perf_counter", lambda: clock[0])
+
+    def synchronize():
+        clock[0] += 50e-6
+
+    monkeypatch.setattr(model_benchmark.torch.cuda, "synchronize", synchronize)
+    calls = []
+
+    def call():
+        calls.append(1)
+        clock[0] += 2e-6
+
+    wall, enqueue = model_benchmark.per_call_us(call, calls=100, repeats=3)
+    assert abs(enqueue - 2.0) < 1e-6 and abs(wall - 2.5) < 1e-6
+    assert len(calls) == 3 * (20 + 100)  # 20 warm-up calls before each timed loop
+
+    row = {"shape": "1x256x256", "ours": "pm.linear(x, w)", "torch": "F.linear(x, w)", "ours_wall_us": 10.0,
+           "ours_enqueue_us": 9.0, "torch_wall_us": 12.5, "torch_enqueue_us": 12.0, "ratio_wall": 0.8,
+           "ratio_enqueue": 0.75}
+    lines = model_benchmark.host_markdown([row], {"torch.empty(1, 4096)": 2.5, "torch.zeros(1, 4096)": 8.1})
+    text = "\n".join(lines)
+    assert "`torch.empty(1, 4096)` 2.50 us, `torch.zeros(1, 4096)` 8.10 us" in text
+    assert "| 1x256x256 | pm.linear(x, w) | 10.00 | 9.00 | F.linear(x, w) | 12.50 | 12.00 | 0.80 | 0.75 |" in text
+
+
 def test_compare_variants_sets_the_variants_side_by_side(tmp_path, repo_root, subprocess_env):
     """compare_variants.py pairs each case the two variants measured by its ratio to torch,
     marks those more than the tolerance apart, and names a missing run."""
