@@ -105,11 +105,11 @@ def host_floor(calls: int = 1000, repeats: int = 5) -> dict[str, float]:
     (``out.zero_()``), and both (``torch.zeros``): below what any op that returns a new
     CUDA tensor can cost here, ours and torch's alike."""
     out = torch.empty(1, 4096, device="cuda", dtype=DTYPE)
-    calls_ = {"torch.empty(1, 4096)": lambda: torch.empty(1, 4096, device="cuda", dtype=DTYPE),
+    probes = {"torch.empty(1, 4096)": lambda: torch.empty(1, 4096, device="cuda", dtype=DTYPE),
               "out.zero_()": out.zero_,
               "torch.zeros(1, 4096)": lambda: torch.zeros(1, 4096, device="cuda", dtype=DTYPE)}
     with torch.no_grad():
-        floor = {name: per_call_us(fn, calls, repeats)[1] for name, fn in calls_.items()}
+        floor = {name: per_call_us(fn, calls, repeats)[1] for name, fn in probes.items()}
     print(json.dumps({"host_floor_us": {k: round(v, 2) for k, v in floor.items()}}), flush=True)
     return floor
 
