@@ -69,18 +69,24 @@ def repo_copy(tmp_path, repo_root, variant_dir) -> Path:
         shutil.copytree(repo_root / name, dst / name, ignore=skip)
     shutil.copytree(variant_dir, dst / "build" / variant_dir.name, ignore=skip)
     # The copy is of a clean tree whatever the working copy's build says (a developer's build
-    # of uncommitted sources is marked dirty, which publish refuses): the digest excludes
-    # metadata.json, and test_dirty_build_needs_force marks it dirty itself.
-    meta_path = dst / "build" / variant_dir.name / "metadata.json"
-    meta = json.loads(meta_path.read_text())
-    meta["provenance"]["kernel"]["dirty"] = False
-    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    # of uncommitted sources is marked dirty, which publish refuses); test_dirty_build_needs_force
+    # marks it dirty itself.
+    mark_dirty(dst / "build" / variant_dir.name, False)
     (dst / "benchmarks" / "results").mkdir(parents=True)
     shutil.copy(repo_root / "benchmarks" / "benchmark_matmul.py", dst / "benchmarks")
     for pattern in ("*-benchmark.md", "*-benchmark.png"):  # the card's table and plot
         for f in (repo_root / "benchmarks" / "results").glob(pattern):
             shutil.copy(f, dst / "benchmarks" / "results")
     return dst
+
+
+def mark_dirty(variant: Path, dirty: bool) -> None:
+    """Set whether a built variant's metadata says it was built from a dirty tree (the
+    digest excludes metadata.json, so the variant still passes its check)."""
+    meta_path = variant / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["provenance"]["kernel"]["dirty"] = dirty
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def local_kernel_files(repo: Path) -> dict[str, bytes]:
@@ -314,10 +320,7 @@ def test_failed_check_is_refused(hub, token, repo_copy, variant_dir):
 
 
 def test_dirty_build_needs_force(hub, token, repo_copy, variant_dir, capsys):
-    meta_path = repo_copy / "build" / variant_dir.name / "metadata.json"
-    meta = json.loads(meta_path.read_text())
-    meta["provenance"]["kernel"]["dirty"] = True  # the digest excludes metadata.json
-    meta_path.write_text(json.dumps(meta, indent=2))
+    mark_dirty(repo_copy / "build" / variant_dir.name, True)
 
     rc, out, err = publish_cli(capsys, repo_copy, "--repo-id", REPO_ID, "--endpoint", hub.url)
     assert rc == 1
