@@ -207,6 +207,9 @@ def bench_projection(pm, name: str, n: int, k: int, ms: tuple[int, ...], kernels
                 timed_calls[f"{col} graph"] = max(1, calls[col] // graph_calls[col])
                 timed_batches[f"{col} graph"] = batches[col]
             times = interleaved_times(timed, timed_calls, timed_batches, rounds)
+            # The state the case ran in: the large prefill products run at the
+            # power limit, where the SM clock, and with it the ratios, move.
+            row["clocks_after"] = gpu_clocks()
             eager = {col: times[col] for col in runners}
             graph = {col: [t / graph_calls[col] for t in times.get(f"{col} graph", [])] for col in runners}
             del timed
@@ -237,17 +240,25 @@ def bench_projection(pm, name: str, n: int, k: int, ms: tuple[int, ...], kernels
     return rows
 
 
+def clock_cell(row: dict) -> str:
+    """A case's SM clock and power draw as sampled after it ("" where none was)."""
+    clocks = row.get("clocks_after") or {}
+    return ", ".join(clocks[key] for key in ("sm_clock", "power_draw") if clocks.get(key))
+
+
 def shapes_markdown(rows: list[dict], kernels: list[str], copy_gbs: float) -> list[str]:
     lines = ["## Projections of Llama-3-8B and -70B", "",
              f"F.linear (torch) against pm.linear; bf16, no bias; us per call (eager: back-to-back calls; graph: "
              f"replays of one CUDA graph of several calls), weights rotated past the L2 cache, interleaved rounds, "
              f"median; ratio: torch's time / ours (above 1: ours faster); GB/s: weights + x + output once each "
-             f"(device-to-device copy on this GPU: {copy_gbs:.0f} GB/s, read + write).", ""]
+             f"(device-to-device copy on this GPU: {copy_gbs:.0f} GB/s, read + write); SM clock and power: "
+             f"nvidia-smi's right after the case's last round.", ""]
     for kernel in kernels:
         lines += [f"### kernel={kernel!r}", "",
                   "| projection | M x N x K | torch eager us | ours eager us | eager ratio | torch graph us | "
-                  "ours graph us | graph ratio | ours graph TFLOP/s | ours graph GB/s | rel. error |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "ours graph us | graph ratio | ours graph TFLOP/s | ours graph GB/s | rel. error | "
+                  "SM clock, power |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in rows:
             t, o = r["results"]["torch"], r["results"][kernel]
             flag = "" if o["rel_error"] < 1e-2 else " **WRONG**"
@@ -256,7 +267,7 @@ def shapes_markdown(rows: list[dict], kernels: list[str], copy_gbs: float) -> li
                 f"{o.get('eager_us', math.nan):.1f} | {o.get('eager_ratio', math.nan):.2f} | "
                 f"{t.get('graph_us', math.nan):.1f} | {o.get('graph_us', math.nan):.1f} | "
                 f"{o.get('graph_ratio', math.nan):.2f} | {o.get('graph_tflops', math.nan):.1f} | "
-                f"{o.get('graph_gbs', math.nan):.0f} | {o['rel_error']:.1e}{flag} |")
+                f"{o.get('graph_gbs', math.nan):.0f} | {o['rel_error']:.1e}{flag} | {clock_cell(r)} |")
         lines.append("")
         for label, ms in (("decode", DECODE_M), ("prefill", PREFILL_M)):
             sub = [r for r in rows if r["m"] in ms]

@@ -545,6 +545,29 @@ def test_model_benchmark_host_cost_is_the_loop_per_call_and_the_table_names_the_
     assert "| 1x256x256 | pm.linear(x, w) | 10.00 | 9.00 | F.linear(x, w) | 12.50 | 12.00 | 0.80 | 0.75 |" in text
 
 
+def test_model_benchmark_shape_table_gives_each_case_its_clock_and_power():
+    """Each projection row ends with the SM clock and power sampled after its case,
+    blank where nothing was sampled (no nvidia-smi); the set's geomean follows."""
+    import model_benchmark
+
+    def case(m, torch_us, ours_us, clocks):
+        results = {"torch": {"rel_error": 0.0, "eager_us": torch_us, "graph_us": torch_us},
+                   "auto": {"rel_error": 1e-3, "eager_us": ours_us, "graph_us": ours_us,
+                            "eager_ratio": torch_us / ours_us, "graph_ratio": torch_us / ours_us,
+                            "graph_tflops": 1.0, "graph_gbs": 100.0}}
+        return {"projection": "8B o", "m": m, "n": 4096, "k": 4096, "results": results, "clocks_after": clocks}
+
+    rows = [case(512, 20.0, 25.0, {"sm_clock": "1620 MHz", "max_sm_clock": "1980 MHz", "power_draw": "668.10 W"}),
+            case(1024, 30.0, 30.0, {})]
+    lines = model_benchmark.shapes_markdown(rows, ["auto"], copy_gbs=3000.0)
+    header = next(line for line in lines if line.startswith("| projection"))
+    assert header.endswith("| rel. error | SM clock, power |")
+    assert next(line for line in lines if "512x4096x4096" in line).endswith("| 1.0e-03 | 1620 MHz, 668.10 W |")
+    assert next(line for line in lines if "1024x4096x4096" in line).endswith("| 1.0e-03 |  |")
+    assert any(line.startswith("- prefill set, graph: geomean ratio 0.894 over 2 cases; lowest 0.80 (8B o, M=512)")
+               for line in lines)
+
+
 def test_compare_variants_sets_the_variants_side_by_side(tmp_path, repo_root, subprocess_env):
     """compare_variants.py pairs each case the two variants measured by its ratio to torch,
     marks those more than the tolerance apart, and names a missing run."""
