@@ -16,7 +16,8 @@ torch/CUDA versions and commit in the header):
   graph (one graph of several calls, replayed), weights rotated through enough copies
   that the set exceeds the L2 cache three times, in interleaved rounds (the median
   kept); TFLOP/s, GB/s (weights + x + output, each once) and the ratio, plus each
-  kernel's normwise error against an fp32 product of the same inputs.
+  kernel's normwise error against an fp32 product of the same inputs and the SM clock
+  and power nvidia-smi reads right after the case.
 * **model**: a Llama-3-8B-shaped LlamaForCausalLM built from its config (hidden 4096,
   intermediate 14336, 32 heads, 8 KV heads, vocab 128256, 4 layers, random weights,
   nothing downloaded), bf16: prefill of 1x2048 and 4x2048 tokens, and a decode step
