@@ -420,8 +420,8 @@ inline EncodeTiled encode_tiled() {
 // L2 promotion of a tensor map's loads: 256 bytes where every row starts on a
 // 128-byte line, none otherwise. A box row is 128 bytes, so on rows that are
 // not whole lines (3000 bf16 elements: 6000 bytes) seven of every eight box
-// rows straddle two lines, and promoting each to 256 bytes fetches lines the
-// tile never reads: 3000^3 took 98 us with it against 89 us without (H100,
+// rows straddle two lines, where the promotion cost more than it saved (not
+// yet traced to counters): 3000^3 took 98 us with it against 89 us without (H100,
 // cuBLAS 83-85 us), while the same product on rows padded to 6144 bytes ran
 // the same either way.
 inline CUtensorMapL2promotion l2_promotion(const TensorMapKey& key) {
