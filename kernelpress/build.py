@@ -179,6 +179,19 @@ def run_ninja(tc: Toolchain, work: Path, jobs: int, out=sys.stdout) -> int:
     return steps
 
 
+def objects_without_dependencies(tc: Toolchain, work: Path) -> list[str]:
+    """The compiled objects whose record in ninja's dependency log lists no
+    headers. ninja takes a compile that wrote no dependency file as one that
+    includes nothing, and such an object is then never rebuilt when a header
+    it includes changes: a struct layout changed in a header would leave it
+    reading the old one."""
+    proc = subprocess.run([str(tc.ninja), "-C", str(work), "-t", "deps"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return []  # no log yet (nothing built): nothing to check
+    return [line.split(":", 1)[0] for line in proc.stdout.splitlines()
+            if line.startswith("obj/") and ": #deps 0," in line]
+
+
 def _copy_package(config: BuildConfig, variant_dir: Path) -> None:
     if not config.package_dir.is_dir():
         raise ConfigError(f"Python package not found: {config.package_dir}")
@@ -258,6 +271,18 @@ def build(repo: Path | str = ".", *, variant: Variant | None = None, jobs: int |
           f"{tc.torch_version[1]}, {jobs} jobs)", file=out, flush=True)
     library = write_ninja(config, tc, work, jobs, only)
     steps = run_ninja(tc, work, jobs, out=out)
+    unlisted = objects_without_dependencies(tc, work)
+    if unlisted:
+        # Rebuilt at once, while the sources that made them are still on disk.
+        for obj in unlisted:
+            print(f"kernelpress: {obj} was compiled without a list of the headers it includes "
+                  f"(no dependency file); compiling it again", file=out, flush=True)
+            (work / obj).unlink(missing_ok=True)
+        steps += run_ninja(tc, work, jobs, out=out)
+        unlisted = objects_without_dependencies(tc, work)
+        if unlisted:
+            raise BuildError(f"the compiler wrote no dependency file for {', '.join(unlisted)}: ninja could not "
+                             f"rebuild them when a header they include changes")
     if only is not None:
         seconds = time.monotonic() - start
         print(f"kernelpress: linked {library.relative_to(config.repo)} ({steps} step{'s' if steps != 1 else ''} "

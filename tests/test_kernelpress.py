@@ -109,6 +109,50 @@ def test_rebuild_recompiles_only_what_changed(tmp_path):
     assert "nvcc csrc/add_one.cu" in log and "torch_binding" in log  # both include it
 
 
+def nvcc_that_loses_its_depfile(tmp_path: Path, monkeypatch, times: int) -> None:
+    """Builds from here on compile with an nvcc that deletes the dependency file it
+    wrote, the first ``times`` calls: ninja then records the object as including nothing."""
+    import dataclasses
+
+    import kernelpress.build as kbuild
+
+    counter = tmp_path / "nvcc-calls"
+    counter.write_text("0")
+    real_detect = kbuild.detect
+    wrapper = tmp_path / "nvcc"
+
+    def detect(variant):
+        tc = real_detect(variant)
+        wrapper.write_text(
+            "#!/bin/sh\n"
+            f'"{tc.nvcc}" "$@" || exit $?\n'
+            f"n=$(cat {counter}); echo $((n + 1)) > {counter}\n"
+            f'[ "$n" -lt {times} ] || exit 0\n'
+            'while [ $# -gt 0 ]; do [ "$1" = -MF ] && rm -f "$2"; shift; done\n')
+        wrapper.chmod(0o755)
+        return dataclasses.replace(tc, nvcc=wrapper)
+
+    monkeypatch.setattr(kbuild, "detect", detect)
+
+
+def test_an_object_built_without_its_header_list_is_compiled_again(tmp_path, monkeypatch):
+    repo = make_repo(tmp_path / "tiny-kernel")
+    nvcc_that_loses_its_depfile(tmp_path, monkeypatch, times=1)
+    result, log = quiet_build(repo)
+    assert "obj/add/csrc__add_one.cu.o was compiled without a list of the headers" in log, log
+    assert log.count("nvcc csrc/add_one.cu") == 2, log
+    os.utime(repo / "csrc" / "add_one.h")  # now in its header list: the next build recompiles it
+    result, log = quiet_build(repo)
+    assert "nvcc csrc/add_one.cu" in log, log
+
+
+def test_a_compiler_that_writes_no_header_list_fails_the_build(tmp_path, monkeypatch):
+    repo = make_repo(tmp_path / "tiny-kernel")
+    nvcc_that_loses_its_depfile(tmp_path, monkeypatch, times=99)
+    with pytest.raises(BuildError, match="no dependency file for obj/add/csrc__add_one.cu.o"):
+        quiet_build(repo)
+
+
 def test_editing_a_tracked_source_marks_the_build_dirty(tmp_path):
     repo = make_repo(tmp_path / "tiny-kernel")
     clean, _ = quiet_build(repo)
