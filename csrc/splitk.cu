@@ -439,16 +439,30 @@ cudaError_t launch_bulk(const MatmulProblem& p, cudaStream_t stream, int device)
   return cudaGetLastError();
 }
 
+// The bulk kernel's ring: 4 stages of 16 KB. Its registers (87 a thread)
+// allow two CTAs an SM either way; against 6 stages (200 KB of weights in
+// flight an SM where these keep 133 KB) it ran 1.00-1.09x as fast at 1-8
+// tokens on every projection measured, while deeper rings of one CTA an SM
+// (9 or 12 stages) lost up to 30% on the long ones. H100, CUDA graphs,
+// M = 1/2/4/8, us a call, 6 -> 4 stages: 8B qkv 23.6-23.9 -> 22.3-22.9,
+// 8B o 16.0-16.2 -> 15.0-15.3, 70B o 50.8-52.1 -> 50.5-51.1, 8B down
+// 45.2-45.7 -> 44.4-44.7 (benchmarks/NOTES.md, "Why a split-K rung for decode").
+constexpr int kBulkStages = 4;
+
 // The bulk kernel up to kBulkMaxTokens tokens on GPUs with bulk copies
-// (compute capability 9.0 and newer) whose CTAs can have its shared memory
-// (not sm_120's 99 KB), else the register kernel.
+// (compute capability 9.0 and newer) whose CTAs can have 100 KB of shared
+// memory (not sm_120's 99 KB: the ring's depth was measured on Hopper only),
+// else the register kernel.
+constexpr int kBulkMinSmemPerBlock = 100 * 1024;
+static_assert(BulkSmem<1, kBulkStages>::kBytes <= kBulkMinSmemPerBlock, "the ring fits where the bulk kernel runs");
+
 template <typename T>
 cudaError_t launch_for_tokens(const MatmulProblem& p, cudaStream_t stream) {
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
   if (tc::cached_device_attribute<cudaDevAttrComputeCapabilityMajor, 0>(device) >= 9 && p.m <= kBulkMaxTokens &&
-      tc::max_smem_per_block(device) >= BulkSmem<1, 6>::kBytes) {
-    return launch_bulk<T, 1, 6>(p, stream, device);
+      tc::max_smem_per_block(device) >= kBulkMinSmemPerBlock) {
+    return launch_bulk<T, 1, kBulkStages>(p, stream, device);
   }
   if (p.m <= 8) return launch_typed<T, 1, 4>(p, stream);
   if (p.m <= 16) return launch_typed<T, 2, 4>(p, stream);
