@@ -126,14 +126,8 @@ int32_t wgmma_default_cluster_size(int64_t m);
 // operand, K split over each CTA's warps. bf16/fp16; A K-contiguous, B
 // K-major, leading dims multiples of 8 elements, 16-byte-aligned bases
 // (splitk_operands_ok says whether they are).
-// Where its units of 16 weight rows would leave the GPU's last round of CTAs
-// short, it cuts their K into parts on several CTAs, which hand their sums
-// over through the workspace (`partials`, `partial_flags`, zero flags; the
-// launch leaves them zero): splitk_parts says into how many on `device` (1:
-// none). Without the workspace a launch runs uncut.
 cudaError_t launch_splitk(const MatmulProblem& problem, cudaStream_t stream);
 bool splitk_operands_ok(const MatmulProblem& problem);
-int splitk_parts(int64_t m, int64_t n, int64_t k, ElementType dtype, int device);
 // Rung 8, Hopper only (sm_90a): skinny products on TMA + wgmma, the weights
 // as wgmma's A operand, the work cut evenly over the SMs (stream-K). Same
 // operand rules as splitk (splitk_operands_ok); needs the workspace

@@ -18,10 +18,7 @@
 //   2c+9 of each), and the tokens' elements are loaded in the same
 //   permutation as B fragments: no shuffles, no ldmatrix;
 // * sums the warps' partial products through shared memory in a fixed order
-//   (deterministic results), adds the bias in fp32 and rounds once;
-// * where the units of 16 rows leave the last round of CTAs short (6144 rows:
-//   384 units on 264 CTAs), cuts each unit's K over several CTAs, whose sums
-//   the last of them to finish adds in a fixed order (KCut below).
+//   (deterministic results), adds the bias in fp32 and rounds once.
 // Blocks of up to 64 tokens run one after another (or side by side, on more
 // CTAs: grid y), each reading all of its CTA's weight rows again: correct for
 // any M, fast where M is small (rungs.h: what kernel="auto" gives it).
@@ -143,141 +140,54 @@ __device__ __forceinline__ void multiply(float (&acc)[GROUPS][4], const WeightRe
   }
 }
 
-// ---------------------------------------------------------------- K cut over CTAs
-//
-// A launch runs its units of 16 weight rows in rounds of as many CTAs as fit
-// the GPU at once. Where the last round is short (6144 rows: 384 units for the
-// 264 CTAs of two an SM, a second round of 120), each unit's K is cut into
-// `parts` equal parts on as many CTAs: 768 halves take 1.5 units' time where
-// whole units take 2. Each part writes its sums (over its warps) to its own
-// workspace slot and counts itself in on the unit's counter; the part that
-// counts in last adds every part's sums in part order (its own from
-// registers: the bits it wrote), so the result does not depend on which part
-// is last, adds the bias, stores the outputs and sets the counter back to
-// zero for the next launch. No CTA waits for another.
-struct KCut {
-  int64_t units;  // units of 16 weight rows
-  int parts;      // parts per unit (1: K is not cut)
-  __host__ __device__ int64_t items() const { return units * parts; }
-  // Item i of a launch is part i % parts of unit i / parts: a unit's parts run side by side.
-  __device__ int64_t unit(int64_t i) const { return i / parts; }
-  __device__ int part(int64_t i) const { return int(i % parts); }
-  // The first of `count` pieces of K (k-steps, chunks) that part q takes; part q ends where q + 1 begins.
-  __device__ int64_t begin(int q, int64_t count) const { return count * q / parts; }
-};
-
-// The outputs of a CTA's token block, GROUPS * 8 tokens by 16 weight rows: a workspace slot's floats.
-template <int GROUPS>
-constexpr int kBlockSums = GROUPS * 4 * 32;
-
-// Where a CTA's part of a unit hands its sums over (KCut); parts == 1: it stores them.
-struct PartOfUnit {
-  int part = 0, parts = 1;
-  uint32_t* counter = nullptr;  // the unit's: zero until its parts count in
-  float* slots = nullptr;       // the unit's `parts` slots of kBlockSums floats
-};
-
-template <int GROUPS>
-__device__ __forceinline__ PartOfUnit part_of_unit(const MatmulProblem& p, const KCut& cut, int64_t item) {
-  if (cut.parts == 1) return {};
-  const int64_t unit = cut.unit(item);
-  return {cut.part(item), cut.parts, p.partial_flags + unit, p.partials + unit * cut.parts * kBlockSums<GROUPS>};
-}
-
 // Up to 32 tokens two CTAs fit an SM (at most 128 registers a thread): 16
 // warps, each with DEPTH - 1 to DEPTH k-steps of 2 KB of weights in flight.
 // The CTA's output: the 8 warps' partial sums of weight rows [n0, n0 + 16) x
 // tokens [m0, m0 + 8 GROUPS) through shared memory, added in warp order by the
-// thread that stores each output (deterministic), plus the bias, rounded once;
-// where K is cut, first handed over to the unit's last part (KCut). Called by
-// the kThreads threads of the 8 warps; `sync` is a barrier over them (a
-// previous call's sums must have been read before this one overwrites them:
-// the caller syncs before).
+// thread that stores each output (deterministic), plus the bias, rounded once.
+// `sync` is a barrier over the `threads` threads that call this (a previous
+// call's sums must have been read before this one overwrites them: the caller
+// syncs before).
 template <typename T, int GROUPS, typename Sync>
 __device__ __forceinline__ void store_sums(float (*partial)[GROUPS * 4][32], const float (&acc)[GROUPS][4], int64_t n0,
-                                           int64_t m0, const MatmulProblem& p, const PartOfUnit& cut, Sync sync) {
-  constexpr int kSums = kBlockSums<GROUPS>;
-  constexpr int kPerThread = (kSums + kThreads - 1) / kThreads;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+                                           int64_t m0, const MatmulProblem& p, int tid, int threads, Sync sync) {
+  const int warp = tid / 32, lane = tid % 32;
 #pragma unroll
   for (int j = 0; j < GROUPS; ++j) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) partial[warp][4 * j + r][lane] = acc[j][r];
   }
   sync();
-  float sums[kPerThread];
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int v = tid + i * kThreads;
-    sums[i] = 0.0f;
-    if (v >= kSums) continue;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sums[i] += partial[w][v / 32][v % 32];
-  }
-  if (cut.parts > 1) {
-    __shared__ int is_last;
-    float* mine = cut.slots + int64_t(cut.part) * kSums;
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      if (tid + i * kThreads < kSums) __stcg(mine + tid + i * kThreads, sums[i]);
-    }
-    __threadfence();  // this thread's sums are visible before its CTA counts in
-    sync();           // ... and every thread's, before thread 0 counts in
-    if (tid == 0) {
-      const bool last = atomicAdd(cut.counter, 1u) == uint32_t(cut.parts - 1);
-      if (last) {
-        *cut.counter = 0;  // every part has counted in: zero for the next launch
-        __threadfence();   // the other parts' sums, published before their counts, are read after them
-      }
-      is_last = last;
-    }
-    sync();
-    if (!*static_cast<volatile int*>(&is_last)) return;
-    __threadfence();
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int v = tid + i * kThreads;
-      if (v >= kSums) continue;
-      float total = 0.0f;
-      for (int q = 0; q < cut.parts; ++q) total += q == cut.part ? sums[i] : __ldcg(cut.slots + int64_t(q) * kSums + v);
-      sums[i] = total;
-    }
-  }
   const T* bias = static_cast<const T*>(p.bias);
   T* out = static_cast<T*>(p.out);
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int v = tid + i * kThreads;
+  for (int v = tid; v < GROUPS * 4 * 32; v += threads) {
     const int r = v / 32, l = v % 32;
     // Accumulator r % 4 of group r / 4 in lane l: weight row l / 4 (+ 8 for
     // r % 4 >= 2), token 8 (r / 4) + 2 (l % 4) (+ 1 for odd r).
     const int64_t n = n0 + l / 4 + 8 * ((r % 4) / 2);
     const int64_t m = m0 + 8 * (r / 4) + 2 * (l % 4) + (r % 2);
-    if (v >= kSums || n >= p.n || m >= p.m) continue;
-    float sum = sums[i];
+    if (n >= p.n || m >= p.m) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += partial[w][r][l];
     if (bias != nullptr) sum += to_float(bias[n]);
     out[m * p.out_stride_m + n * p.out_stride_n] = from_float<T>(sum);
   }
 }
 
-// One CTA: weight rows [n0, n0 + 16) of item blockIdx.x's unit (its part of
-// K: KCut) against each block of 8 * GROUPS tokens it is given (blockIdx.y,
-// then every gridDim.y-th block: any M is covered; K is cut only where one
-// block holds every token).
+// One CTA: weight rows [n0, n0 + 16) against each block of 8 * GROUPS tokens
+// it is given (blockIdx.y, then every gridDim.y-th block: any M is covered).
 template <typename T, int GROUPS, int DEPTH>
-__global__ void __launch_bounds__(kThreads, GROUPS <= 4 ? 2 : 1) splitk_kernel(MatmulProblem p, KCut cut) {
+__global__ void __launch_bounds__(kThreads, GROUPS <= 4 ? 2 : 1) splitk_kernel(MatmulProblem p) {
   constexpr int kTokens = 8 * GROUPS;
   __shared__ float partial[kWarps][GROUPS * 4][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4;
-  const int64_t item = blockIdx.x;
-  const int64_t n0 = cut.unit(item) * kRows;
-  const PartOfUnit handover = part_of_unit<GROUPS>(p, cut, item);
+  const int64_t n0 = int64_t(blockIdx.x) * kRows;
 
-  // This warp's k-steps [s_begin, s_end) of the part's; a partial last step of K is the tail.
+  // This warp's k-steps [s_begin, s_end); a partial last step of K is the tail.
   const int64_t steps = ceil_div(p.k, kStepK);
-  const int64_t part_begin = cut.begin(handover.part, steps), part_steps = cut.begin(handover.part + 1, steps) - part_begin;
-  const int64_t s_begin = part_begin + part_steps * warp / kWarps, s_end = part_begin + part_steps * (warp + 1) / kWarps;
+  const int64_t s_begin = steps * warp / kWarps, s_end = steps * (warp + 1) / kWarps;
   const bool has_tail = s_end == steps && p.k % kStepK != 0 && s_end > s_begin;
   const int64_t s_full_end = has_tail ? s_end - 1 : s_end;
 
@@ -322,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, GROUPS <= 4 ? 2 : 1) splitk_kernel(M
     }
 
     __syncthreads();  // a previous token block's sums have been read
-    store_sums<T, GROUPS>(partial, acc, n0, m0, p, handover, [] { __syncthreads(); });
+    store_sums<T, GROUPS>(partial, acc, n0, m0, p, threadIdx.x, kThreads, [] { __syncthreads(); });
   };
   // Up to 32 tokens a launch has one block of them per CTA (no loop: a loop
   // keeps the pointers live across it, and ptxas spills registers).
@@ -343,9 +253,8 @@ __global__ void __launch_bounds__(kThreads, GROUPS <= 4 ? 2 : 1) splitk_kernel(M
 // of 1 KB is one request, where the registers' path needs 64 of 16 bytes: an
 // SM keeps far more bytes in flight (the register kernel streamed 1.5 TB/s at
 // N = 4096 on the H200, where every CTA had to fill its pipeline at once).
-// CTAs are persistent: each walks items, units of 16 weight rows or parts of
-// them (KCut; blockIdx.x, then every gridDim.x-th), the producer running
-// ahead across items.
+// CTAs are persistent: each walks units of 16 weight rows (blockIdx.x, then
+// every gridDim.x-th), the producer running ahead across units.
 
 constexpr int kChunkK = kWarps * kStepK;       // 512 elements of K per stage
 constexpr int kRowPitch = kChunkK * 2 + 16;    // bytes per weight row in a stage: padded against bank conflicts
@@ -373,14 +282,14 @@ struct BulkSmem {
 };
 
 template <typename T, int GROUPS, int STAGES>
-__global__ void __launch_bounds__(kThreads + 32) splitk_bulk_kernel(MatmulProblem p, KCut cut) {
+__global__ void __launch_bounds__(kThreads + 32) splitk_bulk_kernel(MatmulProblem p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * kStageBytes);
   uint64_t* empty = full + STAGES;
   auto partial = reinterpret_cast<float (*)[GROUPS * 4][32]>(smem + STAGES * kStageBytes + 16 * STAGES);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t chunks = ceil_div(p.k, kChunkK);
+  const int64_t units = ceil_div(p.n, kRows), chunks = ceil_div(p.k, kChunkK);
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       hopper::mbarrier_init(&full[s], 1);
@@ -395,11 +304,10 @@ __global__ void __launch_bounds__(kThreads + 32) splitk_bulk_kernel(MatmulProble
     if (lane != 0) return;
     const uint32_t base = hopper::smem_u32(smem);
     int64_t it = 0;
-    for (int64_t item = blockIdx.x; item < cut.items(); item += gridDim.x) {
-      const int64_t n0 = cut.unit(item) * kRows;
+    for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
+      const int64_t n0 = unit * kRows;
       const int rows = int(min_i64(kRows, p.n - n0));
-      const int part = cut.part(item);
-      for (int64_t c = cut.begin(part, chunks); c < cut.begin(part + 1, chunks); ++c, ++it) {
+      for (int64_t c = 0; c < chunks; ++c, ++it) {
         const int s = int(it % STAGES);
         if (it >= STAGES) hopper::mbarrier_wait(&empty[s], uint32_t(((it / STAGES) - 1) & 1));
         // Whole 16-byte pieces of K only: nothing past a row's last element is
@@ -444,17 +352,12 @@ __global__ void __launch_bounds__(kThreads + 32) splitk_bulk_kernel(MatmulProble
   // The tokens of the next chunk are loaded while this one is multiplied:
   // waiting for them (L2 hits, but behind the weights' traffic) each chunk
   // made the consumers, not the copies, set the pace from 16 tokens on.
-  // An item's first chunk (0 past the last item: loaded, never used).
-  auto first_chunk = [&](int64_t item) { return item < cut.items() ? cut.begin(cut.part(item), chunks) : 0; };
   TokenRegs<GROUPS> next;
-  load_tokens(first_chunk(blockIdx.x), next);
+  load_tokens(0, next);
   int64_t it = 0;
-  for (int64_t item = blockIdx.x; item < cut.items(); item += gridDim.x) {
-    const int64_t unit = cut.unit(item);
-    const int part = cut.part(item);
-    const int64_t c_end = cut.begin(part + 1, chunks);
+  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
     float acc[GROUPS][4] = {};
-    for (int64_t c = cut.begin(part, chunks); c < c_end; ++c, ++it) {
+    for (int64_t c = 0; c < chunks; ++c, ++it) {
       const int s = int(it % STAGES);
       hopper::mbarrier_wait(&full[s], uint32_t((it / STAGES) & 1));
       const int64_t k = c * kChunkK + kStepK * warp;  // this warp's 64 elements of the chunk
@@ -473,7 +376,7 @@ __global__ void __launch_bounds__(kThreads + 32) splitk_bulk_kernel(MatmulProble
       // all consumer threads, so no read is ordered only through a lane's peers).
       hopper::mbarrier_arrive(&empty[s]);
       const TokenRegs<GROUPS> tokens = next;
-      load_tokens(c + 1 < c_end ? c + 1 : first_chunk(item + gridDim.x), next);
+      load_tokens(c + 1 < chunks ? c + 1 : 0, next);
       if (k >= p.k) continue;  // past K: this warp has nothing in the last chunk
       if (k + kStepK > p.k) {  // K ends in these 64 elements: read them from global memory, zeros past K
         const int64_t unit_n0 = unit * kRows;
@@ -491,9 +394,8 @@ __global__ void __launch_bounds__(kThreads + 32) splitk_bulk_kernel(MatmulProble
       }
       multiply<T, GROUPS>(acc, wr, tokens);
     }
-    hopper::named_barrier_sync(1, kThreads);  // the previous item's sums have been read (the producer warp takes no part)
-    store_sums<T, GROUPS>(partial, acc, unit * kRows, 0, p, part_of_unit<GROUPS>(p, cut, item),
-                          [] { hopper::named_barrier_sync(1, kThreads); });
+    hopper::named_barrier_sync(1, kThreads);  // the previous unit's sums have been read (the producer warp takes no part)
+    store_sums<T, GROUPS>(partial, acc, unit * kRows, 0, p, threadIdx.x, kThreads, [] { hopper::named_barrier_sync(1, kThreads); });
   }
 #else
   __trap();  // launched only on compute capability 9.0 and newer
@@ -501,6 +403,14 @@ __global__ void __launch_bounds__(kThreads + 32) splitk_bulk_kernel(MatmulProble
 }
 
 constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y; the kernel loops over the rest
+
+template <typename T, int GROUPS, int DEPTH>
+cudaError_t launch_typed(const MatmulProblem& p, cudaStream_t stream) {
+  const int64_t token_blocks = ceil_div(p.m, 8 * GROUPS);
+  const dim3 grid(unsigned(ceil_div(p.n, kRows)), unsigned(min_i64(token_blocks, kMaxGridY)));
+  splitk_kernel<T, GROUPS, DEPTH><<<grid, dim3(kThreads), 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 // CTAs of `kKernel` that fit on one SM at once, asked of the runtime once per
 // kernel and device (the query costs host time on every call otherwise).
@@ -519,29 +429,14 @@ int resident_ctas(int threads, int smem_bytes, int device) {
   return ctas;
 }
 
-// The parts of KCut: at most 8 (the last part adds as many slots), each at
-// least 2 chunks of K long (1024 elements: shorter ones fill and drain the
-// ring for little).
-constexpr int kMaxParts = 8;
-constexpr int64_t kMinChunksPerPart = 2;
-
-// The parts per unit for `units` units of K elements on `slots` CTAs at once:
-// the cut with the fewest rounds (a round of parts takes 1 / parts of a
-// unit's time), where it saves at least a tenth of the uncut launch's time and
-// the workspace of `sms` SMs holds the units' counters and slots of
-// `slot_floats` floats.
-int parts_for(int64_t units, int64_t k, int64_t slots, int64_t slot_floats, int64_t sms) {
-  const int64_t most = min_i64(kMaxParts, ceil_div(k, kChunkK) / kMinChunksPerPart);
-  const int64_t whole_rounds = ceil_div(units, slots);
-  int best = 1;
-  int64_t best_rounds = whole_rounds;  // rounds of `best` parts
-  for (int q = 2; q <= most; ++q) {
-    const int64_t rounds = ceil_div(units * q, slots);
-    if (rounds * best < best_rounds * q) best = q, best_rounds = rounds;
-  }
-  const bool pays = 10 * best_rounds <= 9 * whole_rounds * best;
-  const bool fits = units <= sms * kSplitFlagsPerSm && units * best * slot_floats * 4 <= sms * kPartialBytesPerSm;
-  return pays && fits ? best : 1;
+template <typename T, int GROUPS, int STAGES>
+cudaError_t launch_bulk(const MatmulProblem& p, cudaStream_t stream, int device) {
+  constexpr auto kernel = splitk_bulk_kernel<T, GROUPS, STAGES>;
+  constexpr int bytes = BulkSmem<GROUPS, STAGES>::kBytes;
+  if (cudaError_t err = tc::allow_dynamic_smem<kernel>(bytes, device)) return err;
+  const int64_t slots = int64_t(resident_ctas<kernel>(kThreads + 32, bytes, device)) * tc::sm_count(device);
+  kernel<<<dim3(unsigned(min_i64(ceil_div(p.n, kRows), slots))), dim3(kThreads + 32), bytes, stream>>>(p);
+  return cudaGetLastError();
 }
 
 // The bulk kernel's ring: 4 stages of 16 KB. Its registers (87 a thread)
@@ -554,66 +449,25 @@ int parts_for(int64_t units, int64_t k, int64_t slots, int64_t slot_floats, int6
 // 45.2-45.7 -> 44.4-44.7 (benchmarks/NOTES.md, "Why a split-K rung for decode").
 constexpr int kBulkStages = 4;
 
-// The bulk kernel runs up to kBulkMaxTokens tokens on GPUs with bulk copies
+// The bulk kernel up to kBulkMaxTokens tokens on GPUs with bulk copies
 // (compute capability 9.0 and newer) whose CTAs can have 100 KB of shared
-// memory (not sm_120's 99 KB: the ring's depth was measured on Hopper only).
+// memory (not sm_120's 99 KB: the ring's depth was measured on Hopper only),
+// else the register kernel.
 constexpr int kBulkMinSmemPerBlock = 100 * 1024;
 static_assert(BulkSmem<1, kBulkStages>::kBytes <= kBulkMinSmemPerBlock, "the ring fits where the bulk kernel runs");
 
-// A launch of this rung: the bulk kernel (GROUPS == 0), or the register
-// kernel with GROUPS groups of 8 tokens a CTA.
-template <typename T, int GROUPS>
-struct Launch {
-  static constexpr bool kBulk = GROUPS == 0;
-  static constexpr int kGroups = kBulk ? 1 : GROUPS;
-  static constexpr auto kKernel = kBulk ? splitk_bulk_kernel<T, 1, kBulkStages>
-                                        : splitk_kernel<T, kGroups, kGroups <= 2 ? 4 : 2>;
-  static constexpr int kLaunchThreads = kBulk ? kThreads + 32 : kThreads;
-  static constexpr int kSmemBytes = kBulk ? BulkSmem<1, kBulkStages>::kBytes : 0;  // dynamic shared memory
-
-  // The CTAs that fit the GPU at once; K's cut for them (uncut without the
-  // workspace, or where a CTA takes several blocks of tokens).
-  static int64_t slots(int device) {
-    return int64_t(resident_ctas<kKernel>(kLaunchThreads, kSmemBytes, device)) * tc::sm_count(device);
-  }
-  static KCut cut(const MatmulProblem& p, int device, bool workspace) {
-    const int64_t units = ceil_div(p.n, kRows);
-    if (!workspace || p.m > 8 * kGroups) return {units, 1};
-    return {units, parts_for(units, p.k, slots(device), kBlockSums<kGroups>, tc::sm_count(device))};
-  }
-
-  static cudaError_t run(const MatmulProblem& p, cudaStream_t stream, int device) {
-    if constexpr (kBulk) {
-      if (cudaError_t err = tc::allow_dynamic_smem<kKernel>(kSmemBytes, device)) return err;
-    }
-    const KCut c = cut(p, device, p.partials != nullptr && p.partial_flags != nullptr);
-    // The bulk kernel's CTAs are persistent: one per item up to what fits.
-    const dim3 grid = kBulk ? dim3(unsigned(min_i64(c.items(), slots(device))))
-                            : dim3(unsigned(c.items()), unsigned(min_i64(ceil_div(p.m, 8 * kGroups), kMaxGridY)));
-    kKernel<<<grid, dim3(kLaunchThreads), kSmemBytes, stream>>>(p, c);
-    return cudaGetLastError();
-  }
-};
-
-// Calls `visit` with the Launch that M tokens take: the bulk kernel where it
-// runs, else the register kernel of the narrowest token block that holds
-// them (every block of 64 in turn past 32 tokens).
-template <typename T, typename Visit>
-auto with_launch(const MatmulProblem& p, int device, Visit&& visit) {
+template <typename T>
+cudaError_t launch_for_tokens(const MatmulProblem& p, cudaStream_t stream) {
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device)) return err;
   if (tc::cached_device_attribute<cudaDevAttrComputeCapabilityMajor, 0>(device) >= 9 && p.m <= kBulkMaxTokens &&
       tc::max_smem_per_block(device) >= kBulkMinSmemPerBlock) {
-    return visit(Launch<T, 0>{});
+    return launch_bulk<T, 1, kBulkStages>(p, stream, device);
   }
-  if (p.m <= 8) return visit(Launch<T, 1>{});
-  if (p.m <= 16) return visit(Launch<T, 2>{});
-  if (p.m <= 32) return visit(Launch<T, 4>{});
-  return visit(Launch<T, 8>{});
-}
-
-template <typename Visit>
-auto with_typed_launch(const MatmulProblem& p, int device, Visit&& visit) {
-  return p.dtype == ElementType::kBFloat16 ? with_launch<__nv_bfloat16>(p, device, visit)
-                                           : with_launch<__half>(p, device, visit);
+  if (p.m <= 8) return launch_typed<T, 1, 4>(p, stream);
+  if (p.m <= 16) return launch_typed<T, 2, 4>(p, stream);
+  if (p.m <= 32) return launch_typed<T, 4, 2>(p, stream);
+  return launch_typed<T, 8, 2>(p, stream);
 }
 
 }  // namespace
@@ -625,19 +479,8 @@ bool splitk_operands_ok(const MatmulProblem& p) {
 cudaError_t launch_splitk(const MatmulProblem& problem, cudaStream_t stream) {
   if (problem.m == 0 || problem.n == 0) return cudaSuccess;
   if (!splitk_operands_ok(problem)) return cudaErrorInvalidValue;
-  int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device)) return err;
-  return with_typed_launch(problem, device, [&](auto launch) { return launch.run(problem, stream, device); });
-}
-
-int splitk_parts(int64_t m, int64_t n, int64_t k, ElementType dtype, int device) {
-  if (m < 1 || n < 1 || k < 1) return 1;
-  MatmulProblem shape;
-  shape.m = m;
-  shape.n = n;
-  shape.k = k;
-  shape.dtype = dtype;
-  return with_typed_launch(shape, device, [&](auto launch) { return launch.cut(shape, device, true).parts; });
+  return problem.dtype == ElementType::kBFloat16 ? launch_for_tokens<__nv_bfloat16>(problem, stream)
+                                                 : launch_for_tokens<__half>(problem, stream);
 }
 
 }  // namespace persistent_matmul

@@ -37,16 +37,14 @@ SKINNY = ["splitk", "wgmma_streamk"]
 
 # splitk: M across one token group (8), two (16), the 32- and 64-token blocks and the loop
 # over blocks past 64; N across the 16-row CTA; K across a 64-element k-step, 8 warps'
-# worth (512: every warp one step) and long K with a tail; K cut over CTAs (on 132 SMs:
-# 6144 x 4096 in 2 parts, 1000 x 2056 in 2 with a tail, 130 x 4104 in 4 with a tail and
-# a unit of 2 rows; splitk_parts) up to 32 tokens.
+# worth (512: every warp one step) and long K with a tail.
 # wgmma_streamk: M across every token-tile width (8 ... 256) and several token tiles
 # (257, 300); N across the 128-row tile; work that is less than one k-block per SM
 # (1 x 1), whole tiles only (20000 x 64: 157 tiles of one k-block), stretches that
 # cut tiles (20000 x 192, 4096 x 14336: 32 tiles of 224 k-blocks for 132 SMs).
 SKINNY_M = [1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 200, 256, 257, 300]
-SKINNY_NK = [(1, 1), (15, 63), (16, 64), (17, 65), (48, 511), (33, 512), (130, 4104), (1000, 2056), (20000, 64),
-             (20000, 192), (4096, 14336), (6144, 4096)]
+SKINNY_NK = [(1, 1), (15, 63), (16, 64), (17, 65), (48, 511), (33, 512), (130, 4104), (20000, 64), (20000, 192),
+             (4096, 14336)]
 
 
 @pytest.mark.parametrize("kernel", SKINNY)
@@ -102,56 +100,17 @@ def test_skinny_takes_any_layout(pm, gen, kernel):
     assert y.shape == (3, 4, 64) and check_exact(y.reshape(12, 64), x, w_t) == 0
 
 
-def splitk_parts_expected(m: int, n: int, k: int, sms: int) -> int:
-    """splitk's cut of K (csrc/splitk.cu, parts_for) where two CTAs fit an SM: the parts
-    (2 to 8, each at least 1024 elements of K) whose rounds of CTAs take the least time, if
-    that saves a tenth; up to 32 tokens."""
-    if m > 32:
-        return 1
-    units, slots = -(-n // 16), 2 * sms
-    whole = -(-units // slots)
-    best, best_rounds = 1, whole
-    for parts in range(2, min(8, -(-k // 512) // 2) + 1):
-        rounds = -(-units * parts // slots)
-        if rounds * best < best_rounds * parts:
-            best, best_rounds = parts, rounds
-    return best if 10 * best_rounds <= 9 * whole * best else 1
-
-
-def test_splitk_cuts_k_where_the_last_round_of_ctas_is_short(pm):
-    """splitk_parts on this GPU: uncut where the units of 16 rows make whole rounds of
-    CTAs or K is short, cut where a short last round would leave SMs idle."""
-    runs(pm, "splitk")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    parts = pm._matmul.ops.splitk_parts
-    shapes = [(1, 32 * sms, 4096), (8, 48 * sms, 4096), (16, 48 * sms, 4096), (32, 48 * sms, 2056),
-              (33, 48 * sms, 4096), (1, 48 * sms, 1024), (1, 48 * sms, 512), (1, 130, 4104), (1, 16, 8192),
-              (4, 6144, 4096), (4, 4096, 4096), (4, 28672, 4096), (4, 8192, 8192)]
-    got = {shape: parts(*shape, 0) for shape in shapes}
-    assert got == {shape: splitk_parts_expected(*shape, sms) for shape in shapes}
-    assert got[(8, 48 * sms, 4096)] == 2 and got[(1, 16, 8192)] == 8 and got[(1, 48 * sms, 512)] == 1
-
-
-@pytest.mark.parametrize("kernel", SKINNY)
-def test_skinny_rung_is_deterministic_and_leaves_its_counters_zero(pm, gen, kernel):
+def test_streamk_is_deterministic_and_leaves_its_counters_zero(pm, gen):
     """The same product twice, and after products of other shapes on the same stream (whose
-    tiles or units use the same counters and slots): bit for bit the same result. A counter
-    left non-zero, or a part added twice or not at all, would change it. splitk's products
-    cut K (splitk_parts), through the bulk-copy kernel and the register one."""
-    runs(pm, kernel)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if kernel == "splitk":
-        first_shape, others = (4, 48 * sms, 4096), [(24, 1000, 2056), (1, 130, 4104), (8, 4096, 4096)]
-        assert pm._matmul.ops.splitk_parts(*first_shape, 0) > 1
-        assert all(pm._matmul.ops.splitk_parts(*shape, 0) > 1 for shape in others[:2])
-    else:
-        first_shape, others = (16, 4096, 14336), [(1, 6144, 4096), (200, 4096, 4104), (64, 20000, 192)]
-    a, b = random_operands(*first_shape, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
-    first = pm.matmul(a, b, kernel=kernel)
-    for m, n, k in others:
+    tiles use the same counters and slots): bit for bit the same result. A counter left
+    non-zero, or a part added twice or not at all, would change it."""
+    runs(pm, "wgmma_streamk")
+    a, b = random_operands(16, 4096, 14336, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
+    first = pm.matmul(a, b, kernel="wgmma_streamk")
+    for m, n, k in [(1, 6144, 4096), (200, 4096, 4104), (64, 20000, 192)]:
         x, w = random_operands(m, n, k, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
-        pm.matmul(x, w, kernel=kernel)
-    assert torch.equal(pm.matmul(a, b, kernel=kernel), first)
+        pm.matmul(x, w, kernel="wgmma_streamk")
+    assert torch.equal(pm.matmul(a, b, kernel="wgmma_streamk"), first)
     assert matmul_error(first, a, b) < TOLERANCE[torch.bfloat16]
 
 
@@ -232,12 +191,10 @@ def test_layer_falls_back_to_torch_for_what_the_op_does_not_take(pm):
 
 @pytest.mark.parametrize("kernel", ["naive", "tiled", "persistent", "wgmma", "wgmma_persistent", "splitk",
                                     "wgmma_streamk", "auto"])
-@pytest.mark.parametrize("shape", [(16, 4224, 512), (8, 6144, 4096), (1000, 3000, 320)],
-                         ids=["decode", "decode-cut", "ragged"])
+@pytest.mark.parametrize("shape", [(16, 4224, 512), (1000, 3000, 320)], ids=["decode", "ragged"])
 def test_every_rung_replays_in_a_cuda_graph(pm, kernel, shape):
     """matmul captured into a CUDA graph (the split-tail workspace of the persistent rungs
-    and splitk's cut of K, on 132 SMs, included), replayed with new inputs between eager
-    calls: every replay exact."""
+    included), replayed with new inputs between eager calls: every replay exact."""
     if kernel != "auto":
         runs(pm, kernel)
     m, n, k = shape

@@ -424,14 +424,6 @@ def test_tile_config_op_rejects_negative_sizes_and_a_missing_device(pm):
             pm._matmul.ops.tile_config(4, 4, 0, kernel)
 
 
-def test_splitk_parts_op_rejects_empty_sizes_and_a_missing_device(pm):
-    for m, n, k in ((0, 4, 4), (4, 0, 4), (4, 4, 0), (-1, 4, 4)):
-        with pytest.raises(RuntimeError, match=rf"splitk_parts needs m, n, k >= 1, got {m}, {n}, {k}"):
-            pm._matmul.ops.splitk_parts(m, n, k, 0)
-    with pytest.raises(RuntimeError, match=r"splitk_parts needs a CUDA device; cuda:0 is not present"):
-        pm._matmul.ops.splitk_parts(4, 6144, 4096, 0)
-
-
 def test_tile_config_names_the_rungs_that_have_one(pm):
     for kernel in ("naive", "warptiled", "splitk", "auto"):
         with pytest.raises(ValueError, match=rf"^kernel '{kernel}' has no tile configuration; choose one of: "

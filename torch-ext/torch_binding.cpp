@@ -11,9 +11,8 @@
 //   matmul_out(a, b, bias, out, kernel, tile_order, cluster_size, timeline)
 //                                                  a @ b + bias into out, with the persistent
 //                                                  rungs' options and the instrumented build
-//   choose_kernel(...), operands_for(...), tile_config(...), splitk_parts(...): the rung
-//   choice, the operand preparation, the tile configuration and splitk's cut of K, for tests
-//   and tools.
+//   choose_kernel(...), operands_for(...), tile_config(...): the rung choice, the operand
+//   preparation and the tile configuration, for tests and tools.
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
@@ -459,10 +458,7 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
     case Rung::kWarptiled: err = persistent_matmul::launch_warptiled(p, stream); break;
     case Rung::kTiled: err = persistent_matmul::launch_tiled(p, stream); break;
     case Rung::kWgmma: err = persistent_matmul::launch_wgmma(p, stream); break;
-    case Rung::kSplitk:
-      if (persistent_matmul::splitk_parts(m, n, k, dtype, device) > 1) attach_scratch(p, like, device, stream, facts.sms);
-      err = persistent_matmul::launch_splitk(p, stream);
-      break;
+    case Rung::kSplitk: err = persistent_matmul::launch_splitk(p, stream); break;
     case Rung::kWgmmaStreamk:
       attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_wgmma_streamk(p, stream);
@@ -648,26 +644,6 @@ std::tuple<Tensor, Tensor> operands_for_op(const Tensor& a, const Tensor& b, int
   return {p.a_copy.value_or(a), p.b_copy.value_or(b)};
 }
 
-// Checks that cuda:`device` exists, for the op `op` that asks about it.
-void check_device_present(int64_t device, const char* op) {
-  int devices = 0;
-  STD_TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices,
-                  "persistent_matmul: ", op, " needs a CUDA device; cuda:", device, " is not present");
-}
-
-// The parts splitk cuts each unit's K into for an m x n x k product on `device` (1: none).
-int64_t splitk_parts_op(int64_t m, int64_t n, int64_t k, int64_t device) {
-  STD_TORCH_CHECK(m >= 1 && n >= 1 && k >= 1, "persistent_matmul: splitk_parts needs m, n, k >= 1, got ", m, ", ", n,
-                  ", ", k);
-  check_device_present(device, "splitk_parts");
-  torch::stable::accelerator::DeviceGuard guard(static_cast<int32_t>(device));  // the occupancy queries ask the current device
-  const DeviceFacts& f = device_facts(static_cast<int32_t>(device));
-  STD_TORCH_CHECK(persistent_matmul::rung_runs_on(Rung::kSplitk, f),
-                  "persistent_matmul: kernel 'splitk' does not run on cuda:", device, " (compute capability ", f.major,
-                  ".", f.minor, ")");
-  return persistent_matmul::splitk_parts(m, n, k, ElementType::kBFloat16, static_cast<int>(device));
-}
-
 std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::string kernel, int64_t k) {
   STD_TORCH_CHECK(m >= 0 && n >= 0, "persistent_matmul: tile_config needs m, n >= 0");
   const auto rung = persistent_matmul::rung_named(kernel);
@@ -681,7 +657,9 @@ std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::s
     STD_TORCH_CHECK(false, "persistent_matmul: kernel '", kernel, "' has no tile configuration; choose one of: ",
                     names);
   }
-  check_device_present(device, "tile_config");
+  int devices = 0;
+  STD_TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices,
+                  "persistent_matmul: tile_config needs a CUDA device; cuda:", device, " is not present");
   torch::stable::accelerator::DeviceGuard guard(static_cast<int32_t>(device));  // the occupancy queries ask the current device
   const DeviceFacts& f = device_facts(static_cast<int32_t>(device));
   STD_TORCH_CHECK(persistent_matmul::rung_runs_on(*rung, f), "persistent_matmul: kernel '", kernel,
@@ -699,7 +677,6 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("choose_kernel(int major, int minor, int sms, ScalarType dtype, int m, int n, int k, bool b_kmajor) -> str");
   ops.def("operands_for(Tensor a, Tensor b, int chunk, bool need_kmajor) -> (Tensor, Tensor)");
   ops.def("tile_config(int m, int n, int device, str kernel=\"persistent\", int k=0) -> int[]");
-  ops.def("splitk_parts(int m, int n, int k, int device) -> int");
 }
 
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
@@ -713,7 +690,6 @@ STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CompositeExplicitAutograd
   ops.impl("choose_kernel", TORCH_BOX(&choose_kernel_op));
   ops.impl("operands_for", TORCH_BOX(&operands_for_op));
   ops.impl("tile_config", TORCH_BOX(&tile_config_op));
-  ops.impl("splitk_parts", TORCH_BOX(&splitk_parts_op));
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
