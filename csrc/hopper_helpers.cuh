@@ -418,16 +418,16 @@ inline EncodeTiled encode_tiled() {
 }
 
 // L2 promotion of a tensor map's loads: 256 bytes where every row starts on a
-// 128-byte line, 64 bytes otherwise. A box row is 128 bytes, so on rows that
-// are not whole lines (3000 bf16 elements: 6000 bytes) seven of every eight
-// box rows straddle two lines, where 256-byte promotion cost more than it
-// saved (not yet traced to counters). H100, 3000^3 on 6000-byte rows, ratio
-// to cuBLAS in the same process: 0.84 with 256 bytes, 0.95 with none, 0.98
-// with 64 or 128; the same product on rows padded to 6144 bytes ran at
-// 0.99-1.01 under each setting.
+// 128-byte line, none otherwise. A box row is 128 bytes, so on rows that are
+// not whole lines (3000 bf16 elements: 6000 bytes) seven of every eight box
+// rows straddle two lines, where the promotion cost more than it saved (not
+// yet traced to counters): 3000^3 took 98 us with it against 89 us without (H100,
+// cuBLAS 83-85 us), while the same product on rows padded to 6144 bytes ran
+// the same either way. 64-byte promotion there ran as fast as none (0.998x
+// its speed at 3000^3, one process, interleaved).
 inline CUtensorMapL2promotion l2_promotion(const TensorMapKey& key) {
   const bool whole_lines = (reinterpret_cast<uintptr_t>(key.base) | key.row_stride_bytes) % 128 == 0;
-  return whole_lines ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
+  return whole_lines ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE;
 }
 
 // The tensor map for `key` (128-byte swizzle, zero fill outside the tensor),
