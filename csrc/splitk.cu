@@ -52,6 +52,20 @@ __device__ __forceinline__ uint4 load_streaming(const void* p) {
 
 __device__ __forceinline__ uint4 load_cached(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 
+// The register kernel's side of a programmatic dependent launch, which its
+// launch asks for on compute capability 9.0 and newer only (griddepcontrol
+// is sm_90 PTX; the kernel is also built for 8.0).
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  hopper::wait_for_prior_grids();
+#endif
+}
+__device__ __forceinline__ void allow_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  hopper::allow_dependent_grids();
+#endif
+}
+
 // Elements [k, k + 16) of a row of `k_end` elements as two 16-byte halves,
 // zeros past k_end, reading element by element (the last k-step only).
 template <typename T>
@@ -184,6 +198,7 @@ __global__ void __launch_bounds__(kThreads, GROUPS <= 4 ? 2 : 1) splitk_kernel(M
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4;
   const int64_t n0 = int64_t(blockIdx.x) * kRows;
+  wait_for_prior_grids();
 
   // This warp's k-steps [s_begin, s_end); a partial last step of K is the tail.
   const int64_t steps = ceil_div(p.k, kStepK);
@@ -241,6 +256,9 @@ __global__ void __launch_bounds__(kThreads, GROUPS <= 4 ? 2 : 1) splitk_kernel(M
   } else {
     for (int64_t m0 = int64_t(blockIdx.y) * kTokens; m0 < p.m; m0 += int64_t(gridDim.y) * kTokens) token_block(m0);
   }
+  // Only once every CTA is here or done: the next grid's CTAs, waiting for
+  // this one, take no SM that a CTA of this grid still needs.
+  allow_dependent_grids();
 }
 
 // ---------------------------------------------------------------- sm_90 and newer: bulk copies
@@ -298,6 +316,9 @@ __global__ void __launch_bounds__(kThreads + 32) splitk_bulk_kernel(MatmulProble
     hopper::fence_barrier_init();
   }
   __syncthreads();
+  // Set up while the kernel before this one finished; it may have written the
+  // tokens or the weights.
+  hopper::wait_for_prior_grids();
   const T* w = static_cast<const T*>(p.b);  // row n of the weights at n * b_stride_n
 
   if (warp == kWarps) {  // the producer warp: one thread issues every copy
@@ -322,6 +343,7 @@ __global__ void __launch_bounds__(kThreads + 32) splitk_bulk_kernel(MatmulProble
         }
       }
     }
+    hopper::allow_dependent_grids();  // the next launch may set up while the last stages are used
     return;
   }
 
@@ -404,10 +426,15 @@ __global__ void __launch_bounds__(kThreads + 32) splitk_bulk_kernel(MatmulProble
 
 constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y; the kernel loops over the rest
 
+// Compute capability 9.0 and newer: a programmatic dependent launch (the
+// kernel's wait_for_prior_grids), as the bulk kernel's.
 template <typename T, int GROUPS, int DEPTH>
-cudaError_t launch_typed(const MatmulProblem& p, cudaStream_t stream) {
+cudaError_t launch_typed(const MatmulProblem& p, cudaStream_t stream, int device) {
   const int64_t token_blocks = ceil_div(p.m, 8 * GROUPS);
   const dim3 grid(unsigned(ceil_div(p.n, kRows)), unsigned(min_i64(token_blocks, kMaxGridY)));
+  if (tc::cached_device_attribute<cudaDevAttrComputeCapabilityMajor, 0>(device) >= 9) {
+    return hopper::launch_programmatic(splitk_kernel<T, GROUPS, DEPTH>, grid, dim3(kThreads), 0, stream, p);
+  }
   splitk_kernel<T, GROUPS, DEPTH><<<grid, dim3(kThreads), 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -435,8 +462,8 @@ cudaError_t launch_bulk(const MatmulProblem& p, cudaStream_t stream, int device)
   constexpr int bytes = BulkSmem<GROUPS, STAGES>::kBytes;
   if (cudaError_t err = tc::allow_dynamic_smem<kernel>(bytes, device)) return err;
   const int64_t slots = int64_t(resident_ctas<kernel>(kThreads + 32, bytes, device)) * tc::sm_count(device);
-  kernel<<<dim3(unsigned(min_i64(ceil_div(p.n, kRows), slots))), dim3(kThreads + 32), bytes, stream>>>(p);
-  return cudaGetLastError();
+  return hopper::launch_programmatic(kernel, dim3(unsigned(min_i64(ceil_div(p.n, kRows), slots))),
+                                     dim3(kThreads + 32), bytes, stream, p);
 }
 
 // The bulk kernel's ring: 4 stages of 16 KB. Its registers (87 a thread)
@@ -464,10 +491,10 @@ cudaError_t launch_for_tokens(const MatmulProblem& p, cudaStream_t stream) {
       tc::max_smem_per_block(device) >= kBulkMinSmemPerBlock) {
     return launch_bulk<T, 1, kBulkStages>(p, stream, device);
   }
-  if (p.m <= 8) return launch_typed<T, 1, 4>(p, stream);
-  if (p.m <= 16) return launch_typed<T, 2, 4>(p, stream);
-  if (p.m <= 32) return launch_typed<T, 4, 2>(p, stream);
-  return launch_typed<T, 8, 2>(p, stream);
+  if (p.m <= 8) return launch_typed<T, 1, 4>(p, stream, device);
+  if (p.m <= 16) return launch_typed<T, 2, 4>(p, stream, device);
+  if (p.m <= 32) return launch_typed<T, 4, 2>(p, stream, device);
+  return launch_typed<T, 8, 2>(p, stream, device);
 }
 
 }  // namespace
