@@ -22,6 +22,11 @@
 // Blocks of up to 64 tokens run one after another (or side by side, on more
 // CTAs: grid y), each reading all of its CTA's weight rows again: correct for
 // any M, fast where M is small (rungs.h: what kernel="auto" gives it).
+// On compute capability 9.0 and newer each launch is a programmatic dependent
+// launch, as the Hopper rungs' are: its CTAs set up while the kernel before
+// them finishes, which a call of 15-25 us feels (eager, one process: 1.02-1.19x
+// the speed of plain launches; benchmarks/NOTES.md, "Why a programmatic
+// dependent launch").
 //
 // Operands: A (tokens, M x K) K-contiguous, B K-major (N rows of K), leading
 // dims multiples of 8 elements, 16-byte aligned data (tensor_core_operands_ok

@@ -1,6 +1,7 @@
 """The correctness checks of the GPU tests: the protocol of harness.checks (operands,
 fp64 references, error measures, tolerances; scripts/harness/checks.py says what
-it checks and why) and what only the tests need: ``check_graph_replays``.
+it checks and why) and what only the tests need: ``check_graph_replays``,
+``timeline_parts`` and ``signed_permutation``.
 
 The tests import everything from here; scripts/ is on their path through
 pyproject.toml's pytest settings.
@@ -105,3 +106,12 @@ def timeline_parts(pm, kernel: str, timeline: torch.Tensor, m: int, n: int, k: i
         mine = sorted((p[col["start_ns"]], p[col["end_ns"]]) for p in parts if p[col["cta"]] == c)
         assert all(e <= s for (_, e), (s, _) in zip(mine, mine[1:])), f"CTA {c} overlaps its own parts"
     return parts
+
+
+def signed_permutation(n: int) -> torch.Tensor:
+    """An n x n matrix with one entry +-1 per row and column (float32, CUDA):
+    a product with it reorders and negates columns, exactly in any dtype."""
+    w = torch.zeros(n, n, device="cuda")
+    w[torch.randperm(n, device="cuda"), torch.arange(n, device="cuda")] = (
+        torch.randint(0, 2, (n,), device="cuda") * 2 - 1).float()
+    return w

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from matmul_checks import (DECODE_M, MODEL_PROJECTIONS, TOLERANCE, check_exact, check_graph_replays, exact_int_bias,
-                           exact_int_operands, matmul_error, nan_count, poison, random_operands)
+                           exact_int_operands, matmul_error, nan_count, poison, random_operands, signed_permutation)
 
 pytestmark = pytest.mark.gpu
 
@@ -112,6 +112,34 @@ def test_streamk_is_deterministic_and_leaves_its_counters_zero(pm, gen):
         pm.matmul(x, w, kernel="wgmma_streamk")
     assert torch.equal(pm.matmul(a, b, kernel="wgmma_streamk"), first)
     assert matmul_error(first, a, b) < TOLERANCE[torch.bfloat16]
+
+
+# splitk's bulk kernel on Hopper (1 and 8 tokens) and its register kernel (16 to 48).
+@pytest.mark.parametrize("m", [1, 8, 16, 32, 48])
+@pytest.mark.parametrize("k", [4096, 1000])
+def test_splitk_chained_calls_wait_for_each_other(pm, m, k):
+    """On compute capability 9.0 and newer a splitk launch may start while the kernel
+    before it in the stream still runs (a programmatic dependent launch, csrc/splitk.cu)
+    and must touch global memory only once that kernel is done. A chain queued back to
+    back on one stream, each product reading the previous one's output as its tokens
+    (read after write) and overwriting the buffer the previous one read (write after
+    read), its weights copied into one buffer just before it (read after another
+    kernel's write), checked exactly at the end: x w1^T w2^T ... with signed
+    permutations w (K = 1000: a k-step that ends inside K)."""
+    runs(pm, "splitk")
+    x = torch.randint(-8, 9, (m, k), device=DEVICE).to(torch.bfloat16)
+    buffers = [x.clone(), poison(torch.empty(m, k, dtype=torch.bfloat16, device=DEVICE))]
+    ws = [signed_permutation(k).to(torch.bfloat16) for _ in range(6)]
+    weight = torch.empty(k, k, dtype=torch.bfloat16, device=DEVICE)
+    for i, w in enumerate(ws):
+        weight.copy_(w)
+        pm.matmul(buffers[i % 2], weight.t(), kernel="splitk", out=buffers[(i + 1) % 2])
+    expected = x.double()
+    for w in ws:
+        expected = expected @ w.double().t()
+    torch.cuda.synchronize()
+    got = buffers[len(ws) % 2].double()
+    assert int((got != expected).sum()) == 0, "a call read or overwrote memory before the call before it was done"
 
 
 def test_auto_takes_the_skinny_rungs_where_choose_kernel_says(pm, gen):

@@ -11,7 +11,7 @@ import torch
 
 from matmul_checks import (NO_UNDERFILLED_SPLIT, TOLERANCE, built_with_cuda12, check_exact, check_graph_replays,
                            exact_int_bias, exact_int_operands, matmul_error, nan_count, poison, random_operands,
-                           timeline_parts)
+                           signed_permutation, timeline_parts)
 
 pytestmark = pytest.mark.gpu
 
@@ -398,15 +398,6 @@ def test_wide_tiles_from_seven_eighths_of_the_sms(pm, variant_dir):
         pm.matmul(a, b, kernel="wgmma_persistent", out=out)
         torch.cuda.synchronize()
         assert check_exact(out, a, b) == 0, f"{m}x{n}x{k}: wrong values"
-
-
-def signed_permutation(n: int) -> torch.Tensor:
-    """An n x n matrix with one entry +-1 per row and column (float32, CUDA):
-    a product with it reorders and negates columns, exactly in any dtype."""
-    w = torch.zeros(n, n, device="cuda")
-    w[torch.randperm(n, device="cuda"), torch.arange(n, device="cuda")] = (
-        torch.randint(0, 2, (n,), device="cuda") * 2 - 1).float()
-    return w
 
 
 @pytest.mark.parametrize("cluster_size", [None, 1], ids=["pairs", "single-ctas"])
