@@ -128,6 +128,10 @@ int32_t wgmma_default_cluster_size(int64_t m);
 // (splitk_operands_ok says whether they are).
 cudaError_t launch_splitk(const MatmulProblem& problem, cudaStream_t stream);
 bool splitk_operands_ok(const MatmulProblem& problem);
+// Up to this many tokens splitk streams the weights through shared memory by
+// bulk copies where the GPU has them (compute capability 9.0 and newer;
+// csrc/splitk.cu), else through registers.
+constexpr int64_t kSplitkBulkMaxTokens = 8;
 // Rung 8, Hopper only (sm_90a): skinny products on TMA + wgmma, the weights
 // as wgmma's A operand, the work cut evenly over the SMs (stream-K). Same
 // operand rules as splitk (splitk_operands_ok); needs the workspace

@@ -282,11 +282,10 @@ __global__ void __launch_bounds__(kThreads, GROUPS <= 4 ? 2 : 1) splitk_kernel(M
 constexpr int kChunkK = kWarps * kStepK;       // 512 elements of K per stage
 constexpr int kRowPitch = kChunkK * 2 + 16;    // bytes per weight row in a stage: padded against bank conflicts
 constexpr int kStageBytes = kRows * kRowPitch;
-// More tokens: the register kernel. Each CTA reads the tokens again for every
-// unit of 16 rows, and from 16 tokens on that traffic outweighs the weights'
-// (H200, CUDA graphs, 4096 x 14336 weights: 57 us at M = 16 against the
-// register kernel's 40 us at M = 32).
-constexpr int kBulkMaxTokens = 8;
+// Past kSplitkBulkMaxTokens (matmul_problem.h), the register kernel. Each CTA
+// reads the tokens again for every unit of 16 rows, and from 16 tokens on that
+// traffic outweighs the weights' (H200, CUDA graphs, 4096 x 14336 weights:
+// 57 us at M = 16 against the register kernel's 40 us at M = 32).
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -481,7 +480,7 @@ cudaError_t launch_bulk(const MatmulProblem& p, cudaStream_t stream, int device)
 // 45.2-45.7 -> 44.4-44.7 (benchmarks/NOTES.md, "Why a split-K rung for decode").
 constexpr int kBulkStages = 4;
 
-// The bulk kernel up to kBulkMaxTokens tokens on GPUs with bulk copies
+// The bulk kernel up to kSplitkBulkMaxTokens tokens on GPUs with bulk copies
 // (compute capability 9.0 and newer) whose CTAs can have 100 KB of shared
 // memory (not sm_120's 99 KB: the ring's depth was measured on Hopper only),
 // else the register kernel.
@@ -492,8 +491,8 @@ template <typename T>
 cudaError_t launch_for_tokens(const MatmulProblem& p, cudaStream_t stream) {
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
-  if (tc::cached_device_attribute<cudaDevAttrComputeCapabilityMajor, 0>(device) >= 9 && p.m <= kBulkMaxTokens &&
-      tc::max_smem_per_block(device) >= kBulkMinSmemPerBlock) {
+  if (tc::cached_device_attribute<cudaDevAttrComputeCapabilityMajor, 0>(device) >= 9 &&
+      p.m <= kSplitkBulkMaxTokens && tc::max_smem_per_block(device) >= kBulkMinSmemPerBlock) {
     return launch_bulk<T, 1, kBulkStages>(p, stream, device);
   }
   if (p.m <= 8) return launch_typed<T, 1, 4>(p, stream, device);

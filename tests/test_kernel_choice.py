@@ -54,8 +54,13 @@ def test_splitk_from_1024_weight_rows(pm, sms):
 def test_streamk_for_large_weights_on_hopper_only(pm, sms):
     """wgmma_streamk up to 32 tokens from 80 M weight elements on; K-major weights,
     fp16/bf16, compute capability 9.0 only (its sm_90a code); splitk or the tile rungs
-    elsewhere, long weight rows included (wgmma_persistent's split past 32 tokens)."""
+    elsewhere, long weight rows included (wgmma_persistent's split past 32 tokens).
+    Up to 8 tokens against rows of at most 4096 elements splitk keeps them."""
     choose = pm._matmul.ops.choose_kernel
+    assert choose(9, 0, sms, torch.bfloat16, 8, 28672, 4096, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 1 << 20, 4096, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 9, 28672, 4096, True) == "wgmma_streamk"
+    assert choose(9, 0, sms, torch.bfloat16, 8, 28672, 4104, True) == "wgmma_streamk"
     big = (10000, 8000)  # exactly 80 M elements
     assert choose(9, 0, sms, torch.bfloat16, 32, *big, True) == "wgmma_streamk"
     assert choose(9, 0, sms, torch.float16, 1, *big, True) == "wgmma_streamk"

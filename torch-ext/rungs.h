@@ -87,14 +87,24 @@ constexpr int64_t kSplitkAutoMinRows = 1024;
 // are split in K" in benchmarks/NOTES.md).
 constexpr int64_t kStreamkAutoMinWeights = 80 * 1000 * 1000;
 
+// Except up to 8 tokens (kSplitkBulkMaxTokens) against rows of at most 4096
+// elements, where splitk runs its bulk kernel, with programmatic launches: H100,
+// CUDA graphs, 1, 4 and 8 tokens against 28672 x 4096 (8B gate_up) ran
+// 80.9-81.9 us against wgmma_streamk's 83.8-84.1, while at 10240 x 8192
+// (70B qkv) splitk ran 62.2-63.6 against 62.3-62.4 and from 16 tokens on
+// (its register kernel) it fell behind at both (benchmarks/NOTES.md, "Why a
+// stream-K rung for decode on Hopper").
+constexpr int64_t kSplitkShortRowsK = 4096;
+
 // kernel="auto": the skinny-product rungs for few tokens against K-major
-// weights (wgmma_streamk or splitk), then the fastest tile rung the GPU runs
-// (wgmma_persistent on Hopper, persistent elsewhere), warptiled for fp32,
-// naive where nothing else runs.
+// weights (wgmma_streamk or splitk, by the rules above), then the fastest
+// tile rung the GPU runs (wgmma_persistent on Hopper, persistent elsewhere),
+// warptiled for fp32, naive where nothing else runs.
 inline std::optional<Rung> choose_auto(const DeviceFacts& d, ElementType t, int64_t m, int64_t n, int64_t k,
                                        bool b_kmajor) {
   const bool half = t != ElementType::kFloat32;
-  if (half && b_kmajor && m <= kSplitkAutoTokens && n * k >= kStreamkAutoMinWeights &&
+  const bool splitk_streams_faster = m <= kSplitkBulkMaxTokens && k <= kSplitkShortRowsK;
+  if (half && b_kmajor && m <= kSplitkAutoTokens && n * k >= kStreamkAutoMinWeights && !splitk_streams_faster &&
       rung_runs_on(Rung::kWgmmaStreamk, d)) {
     return Rung::kWgmmaStreamk;
   }
