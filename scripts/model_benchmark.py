@@ -23,7 +23,8 @@ torch/CUDA versions and commit in the header):
   nothing downloaded), bf16: prefill of 1x2048 and 4x2048 tokens, and a decode step
   with a static KV cache (512 tokens of prompt) at batch 1 and 32, eager and as a
   captured CUDA graph, torch's nn.Linear against every Linear kernelized to
-  MatmulLinear (the same weights); logits compared (normwise relative error).
+  MatmulLinear: two models with the same weights, timed in interleaved rounds (the
+  median kept); logits compared (normwise relative error).
 
     python scripts/model_benchmark.py [--parts host shapes model] [--kernels auto] [--out DIR] [--tag T]
 
@@ -378,51 +379,67 @@ def normwise(got: torch.Tensor, ref: torch.Tensor) -> float:
     return math.sqrt(num / max(den, 1e-30))
 
 
-def model_benchmark(build_dir: Path, layers: int, iters: int) -> list[dict]:
+def model_benchmark(build_dir: Path, layers: int, iters: int, rounds: int) -> list[dict]:
+    """Each case, eager and as a graph, on two models with the same weights, torch's and
+    the kernelized one, timed in `rounds` interleaved rounds (the order alternating, the
+    median kept): a host-bound eager decode step moves by a fifth between runs, and
+    timing one model's cases after the other's put that drift into the ratio."""
     from kernelize_linear import kernelize_linears, linear_repository
     from kernels import Mode
     from transformers import LlamaForCausalLM
 
     config = llama3_8b_config(layers)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(DTYPE).eval()
-    cases = model_cases(model, config)
-    rows = {name: {"case": name, "tokens": tokens} for name, tokens, _, _ in cases}
-    reference = {}
-    for kernelized in (False, True):
-        if kernelized:
-            kernelize_linears(model, mode=Mode.INFERENCE, repository=linear_repository(build_dir))
-        label = "kernelized" if kernelized else "torch"
-        for name, _, forward, prefill in cases:
-            for graphs in (False, True):
-                mode = "graph" if graphs else "eager"
-                try:
-                    with torch.no_grad():
-                        logits, ms = time_case(forward, prefill, graphs, iters)
-                except Exception as exc:  # noqa: BLE001 - a failed case is a result to report
-                    rows[name][f"{label}_{mode}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-                    print(name, label, mode, "FAILED:", rows[name][f"{label}_{mode}_error"], flush=True)
-                    continue
-                rows[name][f"{label}_{mode}_ms"] = ms
-                if not kernelized and not graphs:
-                    reference[name] = logits
-                else:
-                    rows[name][f"{label}_{mode}_rel_error"] = normwise(logits, reference[name])
-                print(name, label, mode, f"{ms:.3f} ms", flush=True)
-                del logits
-    del model, reference
-    torch.cuda.empty_cache()
-    for row in rows.values():
+    models = {}
+    for label in ("torch", "kernelized"):
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            models[label] = LlamaForCausalLM(config).to(DTYPE).eval()
+        if label == "kernelized":
+            kernelize_linears(models[label], mode=Mode.INFERENCE, repository=linear_repository(build_dir))
+    cases = {label: model_cases(model, config) for label, model in models.items()}
+    rows = []
+    for index, (name, tokens, _, _) in enumerate(cases["torch"]):
+        row = {"case": name, "tokens": tokens}
+        reference = None  # torch's eager logits: round 0 runs torch first
+        for graphs in (False, True):
+            mode = "graph" if graphs else "eager"
+            times = {"torch": [], "kernelized": []}
+            for r in range(rounds):
+                for label in ("torch", "kernelized") if r % 2 == 0 else ("kernelized", "torch"):
+                    if f"{label}_{mode}_error" in row:
+                        continue
+                    _, _, forward, prefill = cases[label][index]
+                    try:
+                        with torch.no_grad():
+                            logits, ms = time_case(forward, prefill, graphs, iters)
+                    except Exception as exc:  # noqa: BLE001 - a failed case is a result to report
+                        row[f"{label}_{mode}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                        print(name, label, mode, "FAILED:", row[f"{label}_{mode}_error"], flush=True)
+                        continue
+                    times[label].append(ms)
+                    if (label, mode) == ("torch", "eager"):
+                        reference = logits if reference is None else reference
+                    elif reference is not None and f"{label}_{mode}_rel_error" not in row:
+                        row[f"{label}_{mode}_rel_error"] = normwise(logits, reference)
+                    del logits
+            for label, ms in times.items():
+                if ms:
+                    row[f"{label}_{mode}_ms"] = statistics.median(ms)
+                    print(name, label, mode, f"{row[f'{label}_{mode}_ms']:.3f} ms", flush=True)
         for mode in ("eager", "graph"):
             if f"torch_{mode}_ms" in row and f"kernelized_{mode}_ms" in row:
                 row[f"{mode}_ratio"] = row[f"torch_{mode}_ms"] / row[f"kernelized_{mode}_ms"]
-    return list(rows.values())
+        rows.append(row)
+        del reference
+    del models, cases
+    torch.cuda.empty_cache()
+    return rows
 
 
-def model_markdown(rows: list[dict], layers: int, iters: int) -> list[str]:
+def model_markdown(rows: list[dict], layers: int, iters: int, rounds: int) -> list[str]:
     lines = [f"## Llama-3-8B-shaped model ({layers} layers, random weights), bf16", "",
-             f"CUDA events, median of {iters} forwards (eager) or graph replays; ratio: torch ms / kernelized ms; "
+             f"CUDA events, median of {iters} forwards (eager) or graph replays, the median of {rounds} rounds "
+             "alternating the two models (the same weights); ratio: torch ms / kernelized ms; "
              "rel. error: kernelized logits against torch's eager logits (the graph row: replayed logits).", "",
              "| case | torch eager ms | kernelized eager ms | eager ratio | torch graph ms | kernelized graph ms "
              "| graph ratio | rel. error eager / graph (torch graph) |",
@@ -455,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", nargs="+", default=["auto"], help="kernel= values of pm.linear (default: auto)")
     parser.add_argument("--projections", nargs="+", type=parse_projection, default=list(PROJECTIONS))
     parser.add_argument("--ms", nargs="+", type=int, default=[*DECODE_M, *PREFILL_M], help="M values of the shape set")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case (median kept)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds per case, shapes and model (median kept)")
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of the model (default: %(default)s)")
     parser.add_argument("--iters", type=int, default=20, help="timed forwards per model case")
     parser.add_argument("--build", type=Path, default=ROOT / "build")
@@ -486,8 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         report["shapes"] = rows
         lines += shapes_markdown(rows, args.kernels, env["copy_gbs"])
     if "model" in args.parts:
-        report["model"] = model_benchmark(args.build, args.layers, args.iters)
-        lines += model_markdown(report["model"], args.layers, args.iters)
+        report["model"] = model_benchmark(args.build, args.layers, args.iters, args.rounds)
+        lines += model_markdown(report["model"], args.layers, args.iters, args.rounds)
     env["clocks_at_end"] = gpu_clocks()
     lines.append(f"Clocks at the end: {env['clocks_at_end']}")
     text = "\n".join(lines) + "\n"

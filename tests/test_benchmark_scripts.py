@@ -513,6 +513,70 @@ def test_model_benchmark_times_each_forward_as_a_batch_of_one(monkeypatch):
     assert ms == 3.0 and len(calls) == 1 + 7 and torch.equal(logits, torch.zeros(2))
 
 
+def test_model_benchmark_alternates_the_two_models_and_keeps_the_median(monkeypatch):
+    """The model part times torch's model and the kernelized one (the same weights) in
+    rounds whose order alternates, keeps each side's median, and compares the other
+    logits with torch's eager ones; a side that fails is reported and not retried."""
+    import torch
+    import transformers
+
+    import model_benchmark  # puts examples/ on the path
+
+    import kernelize_linear
+
+    class FakeModel:
+        def __init__(self, config):
+            self.kernelized = False
+
+        def to(self, dtype):
+            return self
+
+        def eval(self):
+            return self
+
+    def kernelize(model, **kwargs):
+        model.kernelized = True
+
+    monkeypatch.setattr(model_benchmark, "llama3_8b_config", lambda layers: None)
+    transformers.LlamaForCausalLM  # noqa: B018 - the lazy load replaces the module in sys.modules
+    monkeypatch.setattr(sys.modules["transformers"], "LlamaForCausalLM", FakeModel)
+    monkeypatch.setattr(kernelize_linear, "kernelize_linears", kernelize)
+    monkeypatch.setattr(kernelize_linear, "linear_repository", lambda build_dir: None)
+
+    def cases(model, config):
+        label = "kernelized" if model.kernelized else "torch"
+        return [("prefill", 8, (label, "prefill"), None), ("decode", 1, (label, "decode"), lambda: None)]
+
+    monkeypatch.setattr(model_benchmark, "model_cases", cases)
+    # ms per (model, case, graphs), one value a round, in the rounds' order
+    script = {("torch", "prefill", False): [5.0, 9.0, 6.0], ("kernelized", "prefill", False): [4.0, 30.0, 4.5],
+              ("torch", "prefill", True): [3.0, 3.0, 3.0], ("kernelized", "prefill", True): [2.0, 2.0, 2.0],
+              ("torch", "decode", False): [1.0, 1.0, 1.0], ("torch", "decode", True): [1.0, 1.0, 1.0],
+              ("kernelized", "decode", True): [0.5, 0.5, 0.5]}
+    order = []
+
+    def time_case(forward, prefill, graphs, iters):
+        label, case = forward
+        order.append((label, case, graphs))
+        if (label, case) == ("kernelized", "decode") and not graphs:
+            raise RuntimeError("no kernel")
+        logits = torch.ones(4) if label == "torch" else torch.tensor([1.0, 1.0, 1.0, 2.0])
+        return logits, script[(label, case, graphs)].pop(0)
+
+    monkeypatch.setattr(model_benchmark, "time_case", time_case)
+    prefill, decode = model_benchmark.model_benchmark(model_benchmark.ROOT / "build", layers=1, iters=5, rounds=3)
+
+    assert order[:6] == [("torch", "prefill", False), ("kernelized", "prefill", False),
+                         ("kernelized", "prefill", False), ("torch", "prefill", False),
+                         ("torch", "prefill", False), ("kernelized", "prefill", False)]
+    assert prefill["torch_eager_ms"] == 6.0 and prefill["kernelized_eager_ms"] == 4.5
+    assert prefill["eager_ratio"] == 6.0 / 4.5 and prefill["graph_ratio"] == 1.5
+    assert prefill["kernelized_eager_rel_error"] == 0.5 and prefill["torch_graph_rel_error"] == 0.0
+    assert decode["kernelized_eager_error"] == "RuntimeError: no kernel" and "eager_ratio" not in decode
+    assert order.count(("kernelized", "decode", False)) == 1
+    assert decode["graph_ratio"] == 2.0 and decode["kernelized_graph_rel_error"] == 0.5
+
+
 def test_model_benchmark_host_cost_is_the_loop_per_call_and_the_table_names_the_floor(monkeypatch):
     """per_call_us: the enqueue time is the loop's, the wall time adds the final synchronize,
     each divided by the calls (fake clock: 2 us a call, 50 us to synchronize); the host
