@@ -146,8 +146,18 @@ __device__ __forceinline__ void cluster_sync() {
 // depends on have finished and their memory is visible, before this grid's
 // first global memory access (returns at once in a kernel launched without
 // the attribute); and let the next grid launched with it be scheduled.
-__device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// griddepcontrol is sm_90 PTX: code for older GPUs (splitk's portable
+// kernels), whose launches never ask for the overlap, compiles them to nothing.
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_grids() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ void mbarrier_arrive_in_cta(uint64_t* bar, uint32_t cta) {
   uint32_t remote;

@@ -33,7 +33,7 @@
 // with a K-major B); bf16 or fp16. The last k-step, where K ends inside it,
 // is read element by element, so nothing past the end of a row is addressed.
 #include "device_helpers.cuh"
-#include "hopper_helpers.cuh"  // mbarriers (sm_90 PTX; the bulk kernel only)
+#include "hopper_helpers.cuh"  // mbarriers (sm_90 PTX; the bulk kernel only), programmatic launches
 #include "matmul_problem.h"
 #include "tensor_core_launch.cuh"  // operand layout checks, sm_count, allow_dynamic_smem
 
@@ -56,20 +56,6 @@ __device__ __forceinline__ uint4 load_streaming(const void* p) {
 }
 
 __device__ __forceinline__ uint4 load_cached(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
-
-// The register kernel's side of a programmatic dependent launch, which its
-// launch asks for on compute capability 9.0 and newer only (griddepcontrol
-// is sm_90 PTX; the kernel is also built for 8.0).
-__device__ __forceinline__ void wait_for_prior_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  hopper::wait_for_prior_grids();
-#endif
-}
-__device__ __forceinline__ void allow_dependent_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  hopper::allow_dependent_grids();
-#endif
-}
 
 // Elements [k, k + 16) of a row of `k_end` elements as two 16-byte halves,
 // zeros past k_end, reading element by element (the last k-step only).
@@ -203,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, GROUPS <= 4 ? 2 : 1) splitk_kernel(M
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4;
   const int64_t n0 = int64_t(blockIdx.x) * kRows;
-  wait_for_prior_grids();
+  hopper::wait_for_prior_grids();  // a no-op in the code for GPUs before 9.0, launched without the overlap
 
   // This warp's k-steps [s_begin, s_end); a partial last step of K is the tail.
   const int64_t steps = ceil_div(p.k, kStepK);
@@ -263,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, GROUPS <= 4 ? 2 : 1) splitk_kernel(M
   }
   // Only once every CTA is here or done: the next grid's CTAs, waiting for
   // this one, take no SM that a CTA of this grid still needs.
-  allow_dependent_grids();
+  hopper::allow_dependent_grids();
 }
 
 // ---------------------------------------------------------------- sm_90 and newer: bulk copies
