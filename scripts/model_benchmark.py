@@ -418,7 +418,8 @@ def model_benchmark(build_dir: Path, layers: int, iters: int, rounds: int) -> li
                         continue
                     times[label].append(ms)
                     if (label, mode) == ("torch", "eager"):
-                        reference = logits if reference is None else reference
+                        if reference is None:
+                            reference = logits
                     elif reference is not None and f"{label}_{mode}_rel_error" not in row:
                         row[f"{label}_{mode}_rel_error"] = normwise(logits, reference)
                     del logits
@@ -430,7 +431,7 @@ def model_benchmark(build_dir: Path, layers: int, iters: int, rounds: int) -> li
             if f"torch_{mode}_ms" in row and f"kernelized_{mode}_ms" in row:
                 row[f"{mode}_ratio"] = row[f"torch_{mode}_ms"] / row[f"kernelized_{mode}_ms"]
         rows.append(row)
-        del reference
+        del reference  # a prefill's logits take GBs: free them before the next case runs
     del models, cases
     torch.cuda.empty_cache()
     return rows
