@@ -136,8 +136,27 @@ __device__ __forceinline__ uint32_t cluster_cta_rank() {
   return rank;
 }
 
+__device__ __forceinline__ uint32_t cluster_ctas() {
+  uint32_t ctas;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(ctas));
+  return ctas;
+}
+
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// 16 bytes at `addr` (a shared-memory address of this CTA's layout) in the
+// shared memory of CTA `cta` of the cluster (distributed shared memory).
+__device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t addr, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(cta));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
 }
 
 // Programmatic dependent launch (a kernel launched with
@@ -347,20 +366,31 @@ __device__ __forceinline__ void add_partial_sums(float (&d)[N], const float4* sl
 // (set up their barriers) while the kernel before them in the stream
 // finishes; the kernel waits for that one (wait_for_prior_grids) before it
 // touches global memory.
+// With `cluster` > 1 the grid runs in clusters of that many CTAs (a kernel
+// without compile-time cluster dimensions).
 template <typename... Params, typename... Args>
-cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, int smem_bytes,
-                                cudaStream_t stream, Args&&... args) {
+cudaError_t launch_programmatic_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, int smem_bytes,
+                                            unsigned cluster, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = size_t(smem_bytes);
   config.stream = stream;
-  cudaLaunchAttribute overlap;
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attributes[2];
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = cluster;
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
+  config.attrs = attributes;
+  config.numAttrs = cluster > 1 ? 2 : 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, int smem_bytes,
+                                cudaStream_t stream, Args&&... args) {
+  return launch_programmatic_in_clusters(kernel, grid, block, smem_bytes, 1u, stream, std::forward<Args>(args)...);
 }
 
 

@@ -20,6 +20,12 @@
 //   slot and counts itself in on the tile's counter; the last one adds every
 //   part in CTA order (so the result does not depend on who is last), adds
 //   the bias and stores the tile. No CTA ever waits for another.
+// Where the tiles are few but a whole number of CTAs per tile fills most of
+// the SMs (4096 weight rows: 32 tiles, 4 CTAs each), the same cut runs in
+// thread block clusters instead: every CTA of a cluster takes an equal
+// stretch of K of one tile, and the cluster adds its parts through
+// distributed shared memory, each CTA a share of the tile, so no CTA reads
+// the whole tile's parts alone and nothing passes through global memory.
 // Each launch is a programmatic dependent launch, as wgmma_persistent's: its
 // CTAs set up while the kernel before them finishes.
 //
@@ -67,6 +73,7 @@ struct StreamKShape {
   static_assert(STAGES >= 2, "a ring of at least two stages");
   static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
   static_assert(2 * kTileRows * BT * 4 <= kStreamKPartialBytesPerSm, "two partial-sum slots per SM");
+  static_assert(kTileRows * BT * 4 <= STAGES * STAGE_BYTES, "a cluster's part of a tile fits in the ring");
 };
 
 // The stream-K cut: `total` work items (k-blocks of tiles, tile after tile,
@@ -138,6 +145,57 @@ __device__ __forceinline__ void store_results(const MatmulProblem& p, int64_t n0
   }
 }
 
+// The clustered cut's hand-over: every CTA of the cluster holds a part of
+// the same tile (an equal stretch of its k-blocks), which it writes to its
+// own shared memory, over the ring's stages (all consumed). After the
+// cluster's barrier each CTA adds its 1/ctas share of the tile's float4s over
+// every CTA's part, in rank order (so the result does not depend on timing),
+// adds the bias and stores them; the second barrier keeps every CTA's shared
+// memory until the others have read it. The layout is the fragment's
+// (store_partial_sums): float4 i of thread t of consumer c holds rows
+// 16 (t / 32) + (t % 32) / 4 (+ 8) and columns 8i + 2 (t % 4) (+ 1) of the
+// consumer's 64 x BT.
+template <typename T, int BT>
+__device__ __forceinline__ void reduce_in_cluster(const MatmulProblem& p, char* stages, int64_t n_tile, int64_t m0,
+                                                  const float (&d)[BT / 2], int consumer) {
+  constexpr int kPerConsumer = BT / 8 * 128;
+  constexpr int kPerTile = kConsumers * kPerConsumer;
+  hopper::named_barrier_sync(1, kConsumerThreads);  // both consumers' wgmmas are done with the stages
+  float4* part = reinterpret_cast<float4*>(stages) + consumer * kPerConsumer + threadIdx.x % 128;
+#pragma unroll
+  for (int i = 0; i < BT / 8; ++i) part[i * 128] = make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]);
+  hopper::cluster_sync();
+  const int ctas = int(hopper::cluster_ctas()), rank = int(hopper::cluster_cta_rank());
+  const uint32_t base = hopper::smem_u32(stages);
+  T* out = static_cast<T*>(p.out);
+  const T* bias = static_cast<const T*>(p.bias);
+  const int end = kPerTile * (rank + 1) / ctas;
+  for (int f = kPerTile * rank / ctas + int(threadIdx.x); f < end; f += kConsumerThreads) {
+    float4 s = hopper::ld_shared_cluster_f4(base + 16 * f, 0);
+    for (int q = 1; q < ctas; ++q) {
+      const float4 v = hopper::ld_shared_cluster_f4(base + 16 * f, uint32_t(q));
+      s.x += v.x;
+      s.y += v.y;
+      s.z += v.z;
+      s.w += v.w;
+    }
+    const float sums[4] = {s.x, s.y, s.z, s.w};
+    const int c = f / kPerConsumer, i = f % kPerConsumer / 128, warp = f % 128 / 32, lane = f % 32;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t n = n_tile + c * 64 + warp * 16 + lane / 4 + 8 * half;
+      if (n >= p.n) continue;
+      const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t m = m0 + 8 * i + 2 * (lane % 4) + e;
+        if (m < p.m) out[m * p.out_stride_m + n * p.out_stride_n] = from_float<T>(sums[2 * half + e] + b);
+      }
+    }
+  }
+  hopper::cluster_sync();
+}
+
 // One consumer's half of a partial-sum slot: its 64 x BT floats (store_partial_sums).
 template <int BT>
 __device__ __forceinline__ float4* partial_of(const MatmulProblem& p, int64_t slot, int consumer) {
@@ -198,35 +256,43 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     hopper::fence_barrier_init();
   }
-  __syncthreads();  // the last CTA-wide barrier: the producer warp's other lanes leave
+  __syncthreads();  // the last CTA-wide barrier: the producer warp's other lanes leave (in clusters, wait)
+  // Launched in clusters (the clustered cut): each CTA's stretch is one part
+  // of its cluster's tile, handed over by reduce_in_cluster.
+  const bool clustered = hopper::cluster_ctas() > 1;
 
   if (threadIdx.x >= kConsumerThreads) {  // the producer warp: one thread issues every load
-    if (threadIdx.x != kConsumerThreads) return;
-    // The kernel before this one in the stream may still run: wait for it
-    // before the first access to global memory (every other access follows
-    // a load issued here).
-    hopper::wait_for_prior_grids();
-    hopper::RingPosition<Shape::STAGES> ring;
-    Stretch stretch(sk);
-    Segment seg;
-    while (stretch.next(seg)) {
-      const int weight_row = int(seg.tile / token_tiles) * kTileRows;
-      const int token_row = int(seg.tile % token_tiles) * BT;
-      for (int kb = seg.kb_begin; kb < seg.kb_end; ++kb) {
-        hopper::mbarrier_wait(&empty[ring.stage], ring.phase ^ 1);  // a fresh barrier passes parity 1
-        char* stage = stages + ring.stage * Shape::STAGE_BYTES;
-        uint64_t* bar = &full[ring.stage];
-        hopper::mbarrier_arrive_expect_tx(bar, Shape::STAGE_BYTES);
-        for (int j = 0; j < Shape::KB; ++j) {
-          const int k = kb * Shape::BK + j * kBlockK;
-          hopper::tma_load_2d(stage + j * Shape::WEIGHT_BOX_BYTES, &map_w, bar, k, weight_row);
-          hopper::tma_load_2d(stage + Shape::WEIGHT_STAGE_BYTES + j * Shape::TOKEN_BOX_BYTES, &map_x, bar, k,
-                              token_row);
+    if (threadIdx.x == kConsumerThreads) {
+      // The kernel before this one in the stream may still run: wait for it
+      // before the first access to global memory (every other access follows
+      // a load issued here).
+      hopper::wait_for_prior_grids();
+      hopper::RingPosition<Shape::STAGES> ring;
+      Stretch stretch(sk);
+      Segment seg;
+      while (stretch.next(seg)) {
+        const int weight_row = int(seg.tile / token_tiles) * kTileRows;
+        const int token_row = int(seg.tile % token_tiles) * BT;
+        for (int kb = seg.kb_begin; kb < seg.kb_end; ++kb) {
+          hopper::mbarrier_wait(&empty[ring.stage], ring.phase ^ 1);  // a fresh barrier passes parity 1
+          char* stage = stages + ring.stage * Shape::STAGE_BYTES;
+          uint64_t* bar = &full[ring.stage];
+          hopper::mbarrier_arrive_expect_tx(bar, Shape::STAGE_BYTES);
+          for (int j = 0; j < Shape::KB; ++j) {
+            const int k = kb * Shape::BK + j * kBlockK;
+            hopper::tma_load_2d(stage + j * Shape::WEIGHT_BOX_BYTES, &map_w, bar, k, weight_row);
+            hopper::tma_load_2d(stage + Shape::WEIGHT_STAGE_BYTES + j * Shape::TOKEN_BOX_BYTES, &map_x, bar, k,
+                                token_row);
+          }
+          ring.advance();
         }
-        ring.advance();
       }
+      hopper::allow_dependent_grids();  // the next launch may set up while the last stages are used
     }
-    hopper::allow_dependent_grids();  // the next launch may set up while the last stages are used
+    if (clustered) {  // every thread of the cluster takes part in reduce_in_cluster's two barriers
+      hopper::cluster_sync();
+      hopper::cluster_sync();
+    }
     return;
   }
 
@@ -270,6 +336,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const int64_t n0 = (seg.tile / token_tiles) * kTileRows + consumer * 64;
     const int64_t m0 = (seg.tile % token_tiles) * BT;
+    if (clustered) {  // a part of the cluster's tile (the launch gives every CTA one)
+      reduce_in_cluster<T, BT>(p, stages, n0 - consumer * 64, m0, d, consumer);
+      if constexpr (TIMELINE) record_segment<BT>(p, seg, token_tiles, segment_start);
+      continue;
+    }
     if (seg.kb_begin == 0 && seg.kb_end == k_blocks) {  // the whole tile: store it
       store_results<T, BT>(p, n0, m0, d);
       if constexpr (TIMELINE) record_segment<BT>(p, seg, token_tiles, segment_start);
@@ -318,13 +389,88 @@ bool make_maps(const MatmulProblem& p, int bt, CUtensorMap* map_w, CUtensorMap* 
 // them all, or several tiles of 256 for more tokens.
 int token_tile_for(int64_t m) { return m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 ? 128 : 256; }
 
-// The CTAs of a launch: one an SM (its shared memory), each with at least one
-// work item (a k-block of a tile, as deep at every BT); k < 1 takes K deep
-// enough for every SM.
+// Calls f(std::integral_constant<int, BT>{}) for the token tile of m tokens.
+template <typename F>
+auto with_token_tile(int64_t m, F&& f) {
+  switch (token_tile_for(m)) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    default: return f(std::integral_constant<int, 256>{});  // more tokens: several token tiles
+  }
+}
+
+// The clustered cut needs CUDA 13's toolkit: CUDA 12 builds of this
+// project's other cluster kernels (wgmma_persistent's pairs) fault, and
+// these run the stream-K cut everywhere.
+constexpr bool kClusteredCutBuilt = __CUDACC_VER_MAJOR__ >= 13;
+// The clustered cut runs where its CTAs fill at least 2/3 of the SMs (cuBLAS
+// runs 96 CTAs at 6144 weight rows on 132 SMs), with at least two k-blocks
+// a part.
+constexpr int64_t kClusteredMinPartBlocks = 2;
+
+// How a launch cuts the work: `ctas` CTAs (stretches), in clusters of
+// `cluster` CTAs for the clustered cut (`cluster` CTAs a tile), else 1.
+struct WorkCut {
+  int64_t ctas;
+  int cluster;
+};
+
+// Clusters of `cluster` CTAs of the kernel that can be resident at once
+// (the GPCs' layout decides): asked of the runtime once per kernel, device and
+// cluster size, as the query costs microseconds of host time.
+template <auto kKernel>
+int64_t resident_clusters_of(int cluster, int smem_bytes, int device) {
+  static int known[128][4] = {};  // clusters of 1, 2, 4, 8
+  const int slot = cluster >= 8 ? 3 : cluster / 2;
+  const bool cacheable = device >= 0 && device < 128;
+  if (cacheable && known[device][slot] > 0) return known[device][slot];
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(cluster * tc::sm_count(device)));
+  config.blockDim = dim3(unsigned(kThreads));
+  config.dynamicSmemBytes = size_t(smem_bytes);
+  cudaLaunchAttribute dims;
+  dims.id = cudaLaunchAttributeClusterDimension;
+  dims.val.clusterDim.x = unsigned(cluster);
+  dims.val.clusterDim.y = 1;
+  dims.val.clusterDim.z = 1;
+  config.attrs = &dims;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess || clusters < 1) {
+    cudaGetLastError();  // clear it: the launch reports real errors
+    return tc::sm_count(device) / cluster;
+  }
+  if (cacheable) known[device][slot] = clusters;
+  return clusters;
+}
+
+// The cut of `tiles` tiles of K (k < 1: deep enough for every SM): the
+// clustered cut where some cluster size from 1 (whole tiles) to 8 makes
+// resident CTAs that fill 2/3 of the SMs (the most CTAs of those), else
+// stream-K, one CTA an SM, each with at least one work item (a k-block of a
+// tile, as deep at every BT).
 constexpr int kItemK = StreamKShape<8>::BK;
-int64_t stream_k_ctas(int64_t tiles, int64_t k, int device) {
+template <int BT>
+WorkCut work_cut(int64_t tiles, int64_t k, int device) {
+  using Shape = StreamKShape<BT>;
+  constexpr auto kernel = wgmma_streamk_kernel<__nv_bfloat16, BT, false>;  // the same resources at every T
   const int64_t sms = tc::sm_count(device);
-  return k < 1 ? sms : min_i64(tiles * ceil_div(k, kItemK), sms);
+  const int64_t k_blocks = k < 1 ? sms : ceil_div(k, int64_t(kItemK));
+  WorkCut cut{0, 1};
+  if (kClusteredCutBuilt && tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device) == cudaSuccess) {
+    for (int cluster : {1, 2, 4, 8}) {
+      const bool parts_deep = cluster == 1 || cluster * kClusteredMinPartBlocks <= k_blocks;
+      if (parts_deep && tiles * cluster > cut.ctas &&
+          tiles <= resident_clusters_of<kernel>(cluster, Shape::SMEM_BYTES, device)) {
+        cut = {tiles * cluster, cluster};
+      }
+    }
+    if (3 * cut.ctas >= 2 * sms) return cut;
+  }
+  return {k < 1 ? sms : min_i64(tiles * k_blocks, sms), 1};
 }
 
 template <typename T, int BT, bool TIMELINE>
@@ -334,27 +480,17 @@ cudaError_t launch_typed(const MatmulProblem& p, cudaStream_t stream, int device
   if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
   CUtensorMap map_w, map_x;
   if (!make_maps(p, BT, &map_w, &map_x)) return cudaErrorInvalidValue;
-  const int64_t ctas = stream_k_ctas(ceil_div(p.n, kTileRows) * ceil_div(p.m, BT), p.k, device);
-  return hopper::launch_programmatic(kernel, dim3(unsigned(ctas)), dim3(kThreads), Shape::SMEM_BYTES, stream, map_w,
-                                     map_x, p);
-}
-
-template <typename T, bool TIMELINE>
-cudaError_t launch_for_tokens(const MatmulProblem& p, cudaStream_t stream, int device) {
-  switch (token_tile_for(p.m)) {
-    case 8: return launch_typed<T, 8, TIMELINE>(p, stream, device);
-    case 16: return launch_typed<T, 16, TIMELINE>(p, stream, device);
-    case 32: return launch_typed<T, 32, TIMELINE>(p, stream, device);
-    case 64: return launch_typed<T, 64, TIMELINE>(p, stream, device);
-    case 128: return launch_typed<T, 128, TIMELINE>(p, stream, device);
-    default: return launch_typed<T, 256, TIMELINE>(p, stream, device);  // more tokens: several token tiles
-  }
+  const WorkCut cut = work_cut<BT>(ceil_div(p.n, kTileRows) * ceil_div(p.m, BT), p.k, device);
+  return hopper::launch_programmatic_in_clusters(kernel, dim3(unsigned(cut.ctas)), dim3(kThreads), Shape::SMEM_BYTES,
+                                                 unsigned(cut.cluster), stream, map_w, map_x, p);
 }
 
 template <typename T>
 cudaError_t launch_for(const MatmulProblem& p, cudaStream_t stream, int device) {
-  return p.timeline != nullptr ? launch_for_tokens<T, true>(p, stream, device)
-                               : launch_for_tokens<T, false>(p, stream, device);
+  return with_token_tile(p.m, [&](auto bt) {
+    return p.timeline != nullptr ? launch_typed<T, decltype(bt)::value, true>(p, stream, device)
+                                 : launch_typed<T, decltype(bt)::value, false>(p, stream, device);
+  });
 }
 
 }  // namespace
@@ -376,7 +512,9 @@ TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device
   cfg.block_n = kTileRows;
   cfg.block_k = kItemK;
   cfg.tiles = ceil_div(m, cfg.block_m) * ceil_div(n, kTileRows);
-  cfg.persistent_ctas = stream_k_ctas(cfg.tiles, k, device);
+  const WorkCut cut = with_token_tile(m, [&](auto bt) { return work_cut<decltype(bt)::value>(cfg.tiles, k, device); });
+  cfg.persistent_ctas = cut.ctas;
+  cfg.cluster_size = cut.cluster;
   cfg.timeline_rows = cfg.tiles + cfg.persistent_ctas;
   return cfg;
 }
