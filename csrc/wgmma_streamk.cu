@@ -418,15 +418,16 @@ struct WorkCut {
   int cluster;
 };
 
-// Clusters of `cluster` CTAs of the kernel that can be resident at once
-// (the GPCs' layout decides): asked of the runtime once per kernel, device and
-// cluster size, as the query costs microseconds of host time.
+// Clusters of `cluster` CTAs (1 to 8) of the kernel that can be resident at
+// once (the GPCs' layout decides: an H100's 132 SMs hold 32 clusters of 3
+// such CTAs but fewer than 32 of 4), 0 where the runtime will not say: asked
+// once per kernel, device and cluster size, as the query costs microseconds
+// of host time.
 template <auto kKernel>
 int64_t resident_clusters_of(int cluster, int smem_bytes, int device) {
-  static int known[128][4] = {};  // clusters of 1, 2, 4, 8
-  const int slot = cluster >= 8 ? 3 : cluster / 2;
+  static int known[128][8] = {};  // + 1: asked
   const bool cacheable = device >= 0 && device < 128;
-  if (cacheable && known[device][slot] > 0) return known[device][slot];
+  if (cacheable && known[device][cluster - 1] > 0) return known[device][cluster - 1] - 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(cluster * tc::sm_count(device)));
   config.blockDim = dim3(unsigned(kThreads));
@@ -439,11 +440,11 @@ int64_t resident_clusters_of(int cluster, int smem_bytes, int device) {
   config.attrs = &dims;
   config.numAttrs = 1;
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess || clusters < 1) {
-    cudaGetLastError();  // clear it: the launch reports real errors
-    return tc::sm_count(device) / cluster;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess || clusters < 0) {
+    cudaGetLastError();  // clear it: this cluster size is not used
+    clusters = 0;
   }
-  if (cacheable) known[device][slot] = clusters;
+  if (cacheable) known[device][cluster - 1] = clusters + 1;
   return clusters;
 }
 
@@ -461,10 +462,9 @@ WorkCut work_cut(int64_t tiles, int64_t k, int device) {
   const int64_t k_blocks = k < 1 ? sms : ceil_div(k, int64_t(kItemK));
   WorkCut cut{0, 1};
   if (kClusteredCutBuilt && tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device) == cudaSuccess) {
-    for (int cluster : {1, 2, 4, 8}) {
+    for (int cluster = 1; cluster <= 8 && tiles * cluster <= sms; ++cluster) {
       const bool parts_deep = cluster == 1 || cluster * kClusteredMinPartBlocks <= k_blocks;
-      if (parts_deep && tiles * cluster > cut.ctas &&
-          tiles <= resident_clusters_of<kernel>(cluster, Shape::SMEM_BYTES, device)) {
+      if (parts_deep && tiles <= resident_clusters_of<kernel>(cluster, Shape::SMEM_BYTES, device)) {
         cut = {tiles * cluster, cluster};
       }
     }

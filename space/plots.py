@@ -410,7 +410,9 @@ def timeline_summary(result: dict, kernels: tuple[str, ...] | list[str] | None =
         "idle share them; where there are fewer tiles than SMs, **wgmma_persistent** cuts every tile in K, "
         "a CTA per part, if the parts fill the SMs. **wgmma_streamk** (stream-K, for decode shapes) cuts all the work, every tile's "
         "k-blocks one after another, into one equal stretch per SM: a tile whose k-blocks fall into several "
-        "stretches runs as parts on several SMs at once, and the CTA that finishes last adds them up. "
+        "stretches runs as parts on several SMs at once, and the CTA that finishes last adds them up; "
+        "where a whole number of CTAs per tile fills the GPU, each tile's parts run as one cluster (lines join "
+        "them) that adds them up together. "
         "*Idle SM-time* is the share of SMs x span with nothing running.",
     ]
     return "\n".join(lines)

@@ -41,10 +41,13 @@ SKINNY = ["splitk", "wgmma_streamk"]
 # wgmma_streamk: M across every token-tile width (8 ... 256) and several token tiles
 # (257, 300); N across the 128-row tile; work that is less than one k-block per SM
 # (1 x 1), whole tiles only (20000 x 64: 157 tiles of one k-block), stretches that
-# cut tiles (20000 x 192, 4096 x 14336: 32 tiles of 224 k-blocks for 132 SMs).
+# cut tiles (20000 x 192), and on GPUs of 100-200 SMs the clustered cut: 3 or 4 CTAs a
+# tile (4096 x 14336 and 4096 x 1000: 32 tiles, parts of 37-38 or 28 and of 2-3 or 2
+# k-blocks; 64 tiles in pairs from 257 tokens on), pairs (6144 x 4096: 48 tiles) and
+# clusters of 8 (1536 x 2048: 12 tiles).
 SKINNY_M = [1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 200, 256, 257, 300]
 SKINNY_NK = [(1, 1), (15, 63), (16, 64), (17, 65), (48, 511), (33, 512), (130, 4104), (20000, 64), (20000, 192),
-             (4096, 14336)]
+             (4096, 14336), (4096, 1000), (6144, 4096), (1536, 2048)]
 
 
 @pytest.mark.parametrize("kernel", SKINNY)
@@ -98,6 +101,24 @@ def test_skinny_takes_any_layout(pm, gen, kernel):
     x3.copy_(x.reshape(3, 4, 256))
     y = pm.linear(x3, w_t.t(), kernel=kernel)
     assert y.shape == (3, 4, 64) and check_exact(y.reshape(12, 64), x, w_t) == 0
+
+
+def test_streamk_bit_exact_shapes_cover_every_cut(pm):
+    """The shapes of the bit-exact test run wgmma_streamk's stream-K cut and its clustered
+    cut in pairs, in clusters of 3 or 4 and of 8 on this GPU (tile_config says which), so
+    that test checks each of them; 4096 weight rows (32 tiles) run clustered at every
+    token count up to 256."""
+    runs(pm, "wgmma_streamk")
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    if not 100 <= sms <= 200:
+        pytest.skip(f"the shapes are chosen for 100-200 SMs, this GPU has {sms}")
+    clusters = {pm.tile_config(m, n, kernel="wgmma_streamk", k=k)["cluster_size"]
+                for m in SKINNY_M for n, k in SKINNY_NK}
+    assert {1, 2, 8} <= clusters and clusters & {3, 4}, clusters
+    for m in (1, 64, 256):
+        config = pm.tile_config(m, 4096, kernel="wgmma_streamk", k=4096)
+        assert config["tiles"] == 32 and config["cluster_size"] > 1, config
+        assert config["persistent_ctas"] == config["cluster_size"] * 32 <= sms, config
 
 
 def test_streamk_is_deterministic_and_leaves_its_counters_zero(pm, gen):
@@ -219,7 +240,8 @@ def test_layer_falls_back_to_torch_for_what_the_op_does_not_take(pm):
 
 @pytest.mark.parametrize("kernel", ["naive", "tiled", "persistent", "wgmma", "wgmma_persistent", "splitk",
                                     "wgmma_streamk", "auto"])
-@pytest.mark.parametrize("shape", [(16, 4224, 512), (1000, 3000, 320)], ids=["decode", "ragged"])
+@pytest.mark.parametrize("shape", [(16, 4224, 512), (64, 4096, 1024), (1000, 3000, 320)],
+                         ids=["decode", "decode-clustered", "ragged"])
 def test_every_rung_replays_in_a_cuda_graph(pm, kernel, shape):
     """matmul captured into a CUDA graph (the split-tail workspace of the persistent rungs
     included), replayed with new inputs between eager calls: every replay exact."""

@@ -208,9 +208,11 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
     ``wgmma_persistent`` another (Hopper only). ``wgmma_streamk`` (Hopper
     only) has tiles of block_m tokens (output rows) by block_n = 128 weight
     rows (output columns), k-blocks of block_k = 128, and launches one CTA an
-    SM but no more than there are (tile, k-block) work items: its grid
-    depends on ``k``, the product's depth (None: deep enough for every SM),
-    as wgmma_persistent's does.
+    SM but no more than there are (tile, k-block) work items, or, where a
+    whole number of CTAs per tile fills most of the SMs, that many CTAs a
+    tile in clusters of as many (``cluster_size``): its grid depends on
+    ``k``, the product's depth (None: deep enough for every SM), as
+    wgmma_persistent's does.
     """
     _check_kernel_name(kernel)
     if kernel == "auto" or not RUNGS[kernel].has_timeline:
