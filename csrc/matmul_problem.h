@@ -141,6 +141,15 @@ cudaError_t launch_wgmma_streamk(const MatmulProblem& problem, cudaStream_t stre
 // tile it launches for M (output rows); its grid depends on K too (k < 1:
 // K deep enough to give every SM work).
 TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device);
+// Whether wgmma_streamk can cut `tiles` tiles of k_blocks k-blocks (of 128)
+// `cluster` CTAs a tile, in clusters of as many (the clustered cut): the CTAs
+// fit the SMs once and fill at least 2/3 of them (cuBLAS runs 96 CTAs at
+// 6144 weight rows on 132 SMs), each part at least two k-blocks deep. The
+// launch also needs the clusters resident at once, which the runtime says.
+inline bool streamk_cluster_fits(int64_t tiles, int64_t k_blocks, int64_t cluster, int64_t sms) {
+  const int64_t ctas = tiles * cluster;
+  return cluster >= 1 && cluster <= 8 && ctas <= sms && 3 * ctas >= 2 * sms && (cluster == 1 || 2 * cluster <= k_blocks);
+}
 
 // The rows of every wgmma tile (wgmma_launch.cuh checks it).
 constexpr int64_t kWgmmaTileRows = 128;

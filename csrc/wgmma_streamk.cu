@@ -406,10 +406,6 @@ auto with_token_tile(int64_t m, F&& f) {
 // project's other cluster kernels (wgmma_persistent's pairs) fault, and
 // these run the stream-K cut everywhere.
 constexpr bool kClusteredCutBuilt = __CUDACC_VER_MAJOR__ >= 13;
-// The clustered cut runs where its CTAs fill at least 2/3 of the SMs (cuBLAS
-// runs 96 CTAs at 6144 weight rows on 132 SMs), with at least two k-blocks
-// a part.
-constexpr int64_t kClusteredMinPartBlocks = 2;
 
 // How a launch cuts the work: `ctas` CTAs (stretches), in clusters of
 // `cluster` CTAs for the clustered cut (`cluster` CTAs a tile), else 1.
@@ -449,10 +445,9 @@ int64_t resident_clusters_of(int cluster, int smem_bytes, int device) {
 }
 
 // The cut of `tiles` tiles of K (k < 1: deep enough for every SM): the
-// clustered cut where some cluster size from 1 (whole tiles) to 8 makes
-// resident CTAs that fill 2/3 of the SMs (the most CTAs of those), else
-// stream-K, one CTA an SM, each with at least one work item (a k-block of a
-// tile, as deep at every BT).
+// clustered cut in the largest cluster, from 1 (whole tiles) to 8 CTAs, that
+// fits (streamk_cluster_fits) and is resident, else stream-K, one CTA an SM,
+// each with at least one work item (a k-block of a tile, as deep at every BT).
 constexpr int kItemK = StreamKShape<8>::BK;
 template <int BT>
 WorkCut work_cut(int64_t tiles, int64_t k, int device) {
@@ -460,15 +455,13 @@ WorkCut work_cut(int64_t tiles, int64_t k, int device) {
   constexpr auto kernel = wgmma_streamk_kernel<__nv_bfloat16, BT, false>;  // the same resources at every T
   const int64_t sms = tc::sm_count(device);
   const int64_t k_blocks = k < 1 ? sms : ceil_div(k, int64_t(kItemK));
-  WorkCut cut{0, 1};
   if (kClusteredCutBuilt && tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device) == cudaSuccess) {
-    for (int cluster = 1; cluster <= 8 && tiles * cluster <= sms; ++cluster) {
-      const bool parts_deep = cluster == 1 || cluster * kClusteredMinPartBlocks <= k_blocks;
-      if (parts_deep && tiles <= resident_clusters_of<kernel>(cluster, Shape::SMEM_BYTES, device)) {
-        cut = {tiles * cluster, cluster};
+    for (int cluster = 8; cluster >= 1; --cluster) {
+      if (streamk_cluster_fits(tiles, k_blocks, cluster, sms) &&
+          tiles <= resident_clusters_of<kernel>(cluster, Shape::SMEM_BYTES, device)) {
+        return {tiles * cluster, cluster};
       }
     }
-    if (3 * cut.ctas >= 2 * sms) return cut;
   }
   return {k < 1 ? sms : min_i64(tiles * k_blocks, sms), 1};
 }

@@ -43,7 +43,8 @@ def test_splitk_from_1024_weight_rows(pm, sms):
     choose = pm._matmul.ops.choose_kernel
     assert choose(9, 0, sms, torch.bfloat16, 1, 1024, 4096, True) == "splitk"
     assert choose(9, 0, sms, torch.bfloat16, 32, 1024, 4096, True) == "splitk"
-    assert choose(9, 0, sms, torch.bfloat16, 33, 1024, 4096, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 33, 1024, 4096, True) != "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 65, 1024, 4096, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 1, 1023, 4096, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 1, 1024, 4096, False) == "wgmma_persistent"
     assert choose(8, 0, sms, torch.float16, 1, 1024, 4096, True) == "splitk"
@@ -69,11 +70,37 @@ def test_streamk_for_large_weights_on_hopper_only(pm, sms):
     assert choose(9, 0, sms, torch.bfloat16, 1, *big, False) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.float32, 1, *big, True) == "warptiled"
     assert choose(9, 0, sms, torch.bfloat16, 16, 4096, 14336, True) == "splitk"
-    assert choose(9, 0, sms, torch.bfloat16, 33, 4096, 14336, True) == "wgmma_persistent"
-    assert choose(9, 0, sms, torch.bfloat16, 64, 8192, 28672, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 65, 4096, 14336, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 65, 8192, 28672, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 32, 8192, 28672, True) == "wgmma_streamk"
     for major, minor in ((8, 0), (10, 0), (12, 0)):
         assert choose(major, minor, sms, torch.bfloat16, 1, *big, True) == "splitk"
+
+
+def test_streamk_where_its_clustered_cut_runs(pm):
+    """On 132 SMs, wgmma_streamk also up to 64 tokens where a whole number of CTAs per
+    128-row tile, at least two k-blocks (of 128) deep each, fill 2/3 to all of the SMs: in
+    pairs or whole tiles (44 to 132 tiles) from one token on, in clusters of up to 8 (from 11
+    tiles) from 33 tokens on; splitk's bulk kernel keeps up to 8 tokens against rows of at
+    most 4096; past 64 tokens the tile rungs."""
+    choose = pm._matmul.ops.choose_kernel
+    for m in (1, 9, 32, 64):
+        assert choose(9, 0, 132, torch.bfloat16, m, 8192, 8192, True) == "wgmma_streamk"  # 64 tiles, pairs
+        assert choose(9, 0, 132, torch.bfloat16, m, 44 * 128, 8192, True) == "wgmma_streamk"  # 88 CTAs in pairs
+    assert choose(9, 0, 132, torch.bfloat16, 16, 43 * 128, 8192, True) == "splitk"  # pairs: 86 CTAs
+    assert choose(9, 0, 132, torch.bfloat16, 8, 6144, 4096, True) == "splitk"  # its bulk kernel
+    assert choose(9, 0, 132, torch.bfloat16, 9, 6144, 4096, True) == "wgmma_streamk"
+    assert choose(9, 0, 132, torch.bfloat16, 16, 66 * 128, 512, True) == "wgmma_streamk"  # 132 CTAs in pairs
+    assert choose(9, 0, 132, torch.bfloat16, 16, 67 * 128, 512, True) == "splitk"  # pairs overflow, too few tiles
+    assert choose(9, 0, 132, torch.bfloat16, 16, 8192, 384, True) == "splitk"  # parts of 1.5 k-blocks
+    assert choose(9, 0, 132, torch.bfloat16, 32, 4096, 4096, True) == "splitk"  # clusters of 3 from 33 tokens
+    assert choose(9, 0, 132, torch.bfloat16, 33, 4096, 4096, True) == "wgmma_streamk"
+    assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 128, 2048, True) == "wgmma_streamk"  # clusters of 8
+    assert choose(9, 0, 132, torch.bfloat16, 33, 10 * 128, 2048, True) == "wgmma_persistent"  # 80 CTAs
+    assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 128, 1920, True) == "wgmma_persistent"  # parts of 1.9
+    assert choose(9, 0, 132, torch.bfloat16, 65, 4096, 4096, True) == "wgmma_persistent"
+    assert choose(9, 0, 132, torch.bfloat16, 64, 8192, 8192, False) == "wgmma_persistent"  # N-major weights
+    assert choose(8, 0, 108, torch.bfloat16, 16, 8192, 8192, True) == "splitk"  # no sm_90a
 
 
 def test_fp32_and_old_gpus(pm):

@@ -96,6 +96,24 @@ constexpr int64_t kStreamkAutoMinWeights = 80 * 1000 * 1000;
 // stream-K rung for decode on Hopper").
 constexpr int64_t kSplitkShortRowsK = 4096;
 
+// And wgmma_streamk up to 64 tokens where it runs its clustered cut (one
+// token tile; streamk_cluster_fits): in pairs or whole tiles (at least a third
+// as many 128-row tiles as SMs) from one token on, in clusters of 3 to 8
+// from 33 tokens on. H100, CUDA graphs (benchmarks/NOTES.md, "Why a stream-K
+// rung for decode on Hopper"): pairs ran 70B o (8192 x 8192) 4-6% ahead of
+// splitk at 1-32 tokens and of wgmma_persistent at 64, 6144 x 4096 7% ahead
+// of splitk at 32 tokens; clusters of 3 at 4096 x 4096 ran 7% ahead of
+// wgmma_persistent at 64 tokens but 12-14% behind splitk at 16-32.
+constexpr int64_t kStreamkClusteredMaxTokens = 64;
+inline bool streamk_runs_clustered(const DeviceFacts& d, int64_t m, int64_t n, int64_t k) {
+  if (m > kStreamkClusteredMaxTokens) return false;
+  const int64_t tiles = (n + kWgmmaTileRows - 1) / kWgmmaTileRows, k_blocks = (k + 127) / 128;
+  for (int64_t cluster = m > kSplitkAutoTokens ? 8 : 2; cluster >= 1; --cluster) {
+    if (streamk_cluster_fits(tiles, k_blocks, cluster, d.sms)) return true;
+  }
+  return false;
+}
+
 // kernel="auto": the skinny-product rungs for few tokens against K-major
 // weights (wgmma_streamk or splitk, by the rules above), then the fastest
 // tile rung the GPU runs (wgmma_persistent on Hopper, persistent elsewhere),
@@ -104,8 +122,9 @@ inline std::optional<Rung> choose_auto(const DeviceFacts& d, ElementType t, int6
                                        bool b_kmajor) {
   const bool half = t != ElementType::kFloat32;
   const bool splitk_streams_faster = m <= kSplitkBulkMaxTokens && k <= kSplitkShortRowsK;
-  if (half && b_kmajor && m <= kSplitkAutoTokens && n * k >= kStreamkAutoMinWeights && !splitk_streams_faster &&
-      rung_runs_on(Rung::kWgmmaStreamk, d)) {
+  const bool streamk_faster = (m <= kSplitkAutoTokens && n * k >= kStreamkAutoMinWeights) ||
+                              streamk_runs_clustered(d, m, n, k);
+  if (half && b_kmajor && streamk_faster && !splitk_streams_faster && rung_runs_on(Rung::kWgmmaStreamk, d)) {
     return Rung::kWgmmaStreamk;
   }
   if (half && m <= kSplitkAutoTokens && b_kmajor && n >= kSplitkAutoMinRows && rung_runs_on(Rung::kSplitk, d)) {
