@@ -141,6 +141,9 @@ cudaError_t launch_wgmma_streamk(const MatmulProblem& problem, cudaStream_t stre
 // tile it launches for M (output rows); its grid depends on K too (k < 1:
 // K deep enough to give every SM work).
 TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device);
+// Whether this build runs wgmma_streamk's clustered cut (below; CUDA 13
+// builds), else its stream-K cut everywhere.
+bool wgmma_streamk_clusters_built();
 // Whether wgmma_streamk can cut `tiles` tiles of k_blocks k-blocks (of 128)
 // `cluster` CTAs a tile, in clusters of as many (the clustered cut): the CTAs
 // fit the SMs once and fill at least 2/3 of them (cuBLAS runs 96 CTAs at

@@ -21,7 +21,7 @@
 //   part in CTA order (so the result does not depend on who is last), adds
 //   the bias and stores the tile. No CTA ever waits for another.
 // Where the tiles are few but a whole number of CTAs per tile fills most of
-// the SMs (4096 weight rows: 32 tiles, 4 CTAs each), the same cut runs in
+// the SMs (4096 weight rows: 32 tiles, 3 CTAs each on an H100), the same cut runs in
 // thread block clusters instead: every CTA of a cluster takes an equal
 // stretch of K of one tile, and the cluster adds its parts through
 // distributed shared memory, each CTA a share of the tile, so no CTA reads
@@ -498,6 +498,8 @@ cudaError_t launch_wgmma_streamk(const MatmulProblem& problem, cudaStream_t stre
   return problem.dtype == ElementType::kBFloat16 ? launch_for<__nv_bfloat16>(problem, stream, device)
                                                  : launch_for<__half>(problem, stream, device);
 }
+
+bool wgmma_streamk_clusters_built() { return kClusteredCutBuilt; }
 
 TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device) {
   TileConfig cfg;

@@ -30,6 +30,7 @@ inline std::optional<Rung> rung_named(std::string_view name) {
 struct DeviceFacts {
   int major = 0, minor = 0;
   int sms = 0;
+  bool streamk_clusters = true;  // the build runs wgmma_streamk's clustered cut (wgmma_streamk_clusters_built)
 };
 
 // The portable rungs have machine code for 8.0 and newer (and PTX); the
@@ -106,7 +107,7 @@ constexpr int64_t kSplitkShortRowsK = 4096;
 // wgmma_persistent at 64 tokens but 12-14% behind splitk at 16-32.
 constexpr int64_t kStreamkClusteredMaxTokens = 64;
 inline bool streamk_runs_clustered(const DeviceFacts& d, int64_t m, int64_t n, int64_t k) {
-  if (m > kStreamkClusteredMaxTokens) return false;
+  if (!d.streamk_clusters || m > kStreamkClusteredMaxTokens) return false;
   const int64_t tiles = (n + kWgmmaTileRows - 1) / kWgmmaTileRows, k_blocks = (k + 127) / 128;
   for (int64_t cluster = m > kSplitkAutoTokens ? 8 : 2; cluster >= 1; --cluster) {
     if (streamk_cluster_fits(tiles, k_blocks, cluster, d.sms)) return true;

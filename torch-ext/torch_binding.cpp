@@ -107,6 +107,7 @@ const DeviceFacts& device_facts(int32_t device) {
       cudaDeviceGetAttribute(&all[d].major, cudaDevAttrComputeCapabilityMajor, d);
       cudaDeviceGetAttribute(&all[d].minor, cudaDevAttrComputeCapabilityMinor, d);
       cudaDeviceGetAttribute(&all[d].sms, cudaDevAttrMultiProcessorCount, d);
+      all[d].streamk_clusters = persistent_matmul::wgmma_streamk_clusters_built();
     }
     return all;
   }();
@@ -631,7 +632,7 @@ std::string choose_kernel_op(int64_t major, int64_t minor, int64_t sms, ScalarTy
                              int64_t k, bool b_kmajor) {
   const auto t = element_type_of(dtype);
   STD_TORCH_CHECK(t.has_value(), "persistent_matmul: choose_kernel takes float32, float16 or bfloat16");
-  const DeviceFacts facts{int(major), int(minor), int(sms)};
+  const DeviceFacts facts{int(major), int(minor), int(sms), persistent_matmul::wgmma_streamk_clusters_built()};
   const auto rung = persistent_matmul::choose_auto(facts, *t, m, n, k, b_kmajor);
   return rung.has_value() ? std::string(persistent_matmul::rung_name(*rung)) : std::string("none");
 }
