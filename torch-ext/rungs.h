@@ -82,10 +82,10 @@ constexpr int64_t kSplitkAutoMinRows = 1024;
 // projections (benchmarks/NOTES.md, "Why a stream-K rung for decode on
 // Hopper"): 1-6% ahead of splitk from 168 MB (70B qkv) on and 3-10% behind it
 // at 117-134 MB (8B down, 70B o). Past 32 tokens wgmma_persistent, which
-// splits fewer tiles than SMs in K, runs the long weight rows faster than
-// wgmma_streamk too (64 tokens: 1.06x at K = 14336, 1.07x at K = 28672;
-// benchmarks/results/2026-12-06-decode-rungs.md, "Why fewer tiles than SMs
-// are split in K" in benchmarks/NOTES.md).
+// splits fewer tiles than SMs in K, ran the long weight rows faster than
+// wgmma_streamk's stream-K cut (64 tokens: 1.06x at K = 14336, 1.07x at
+// K = 28672; "Why fewer tiles than SMs are split in K" in
+// benchmarks/NOTES.md); its clustered cut takes some of them back (below).
 constexpr int64_t kStreamkAutoMinWeights = 80 * 1000 * 1000;
 
 // Except up to 8 tokens (kSplitkBulkMaxTokens) against rows of at most 4096
