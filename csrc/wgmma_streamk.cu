@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     hopper::fence_barrier_init();
   }
-  __syncthreads();  // the last CTA-wide barrier: the producer warp's other lanes leave (in clusters, wait)
+  __syncthreads();  // the last CTA-wide barrier: then the producer warp's other lanes leave (in clusters,
+                    // after the cluster's barriers)
   // Launched in clusters (the clustered cut): each CTA's stretch is one part
   // of its cluster's tile, handed over by reduce_in_cluster.
   const bool clustered = hopper::cluster_ctas() > 1;
