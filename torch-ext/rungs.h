@@ -101,10 +101,10 @@ constexpr int64_t kSplitkShortRowsK = 4096;
 // token tile; streamk_cluster_fits): in pairs or whole tiles (at least a third
 // as many 128-row tiles as SMs) from one token on, in clusters of 3 to 8
 // from 33 tokens on. H100, CUDA graphs (benchmarks/NOTES.md, "Why a stream-K
-// rung for decode on Hopper"): pairs ran 70B o (8192 x 8192) 4-6% ahead of
+// rung for decode on Hopper"): pairs ran 70B o (8192 x 8192) 5-7% ahead of
 // splitk at 1-32 tokens and of wgmma_persistent at 64, 6144 x 4096 7% ahead
-// of splitk at 32 tokens; clusters of 3 at 4096 x 4096 ran 7% ahead of
-// wgmma_persistent at 64 tokens but 12-14% behind splitk at 16-32.
+// of splitk at 32 tokens; clusters of 3 at 4096 x 4096 ran 6% ahead of
+// wgmma_persistent at 64 tokens but 15-16% behind splitk at 16-32.
 constexpr int64_t kStreamkClusteredMaxTokens = 64;
 inline bool streamk_runs_clustered(const DeviceFacts& d, int64_t m, int64_t n, int64_t k) {
   if (!d.streamk_clusters || m > kStreamkClusteredMaxTokens) return false;
