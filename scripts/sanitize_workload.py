@@ -30,8 +30,8 @@ from harness.kernel import load_kernel
 # (8, 300, 4000): a skinny product whose splitk CTAs wrap around their ring of stages.
 # Fewer tiles than SMs, split in K by wgmma_persistent: (8, 4096, 1024), 32 tiles in 4
 # parts, (100, 4096, 1040), 64 tiles 64 wide in 2, and (300, 1000, 1100), 16 tile pairs
-# in 4 parts over an odd number of tile rows; the first two run wgmma_streamk's clustered
-# cut, 4 CTAs a tile (parts of 2 k-blocks, and of 2 or 3). (129, 65, 70), (256, 192, 128) and
+# in 4 parts over an odd number of tile rows; on an H100 the first two run wgmma_streamk's
+# clustered cut, 3 CTAs a tile (parts of 2 or 3 k-blocks, and of 3). (129, 65, 70), (256, 192, 128) and
 # (200, 136, 192) run wgmma_persistent's 64-wide tiles in CTA pairs. On 132 SMs,
 # (512, 6280, 200) and (1024, 6336, 64) run its 192-wide tiles: one round, the last
 # tile column clipped, and two rounds of one k-block (two tiles stored back to back);
