@@ -335,10 +335,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       ring.advance();
     }
 
-    const int64_t n_tile = (seg.tile / token_tiles) * kTileRows, n0 = n_tile + consumer * 64;
+    const int64_t n0 = (seg.tile / token_tiles) * kTileRows + consumer * 64;
     const int64_t m0 = (seg.tile % token_tiles) * BT;
     if (clustered) {  // a part of the cluster's tile (the launch gives every CTA one)
-      reduce_in_cluster<T, BT>(p, stages, n_tile, m0, d, consumer);
+      reduce_in_cluster<T, BT>(p, stages, n0 - consumer * 64, m0, d, consumer);
       if constexpr (TIMELINE) record_segment<BT>(p, seg, token_tiles, segment_start);
       continue;
     }
