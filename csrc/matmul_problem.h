@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include <cuda_runtime.h>
 
@@ -137,9 +138,10 @@ constexpr int64_t kSplitkBulkMaxTokens = 8;
 // operand rules as splitk (splitk_operands_ok); needs the workspace
 // (`partials`, `partial_flags`, zero flags).
 cudaError_t launch_wgmma_streamk(const MatmulProblem& problem, cudaStream_t stream);
-// wgmma_streamk's tiles are 128 weight rows (output columns, N) by the token
-// tile it launches for M (output rows); its grid depends on K too (k < 1:
-// K deep enough to give every SM work).
+// wgmma_streamk's tiles are 128 weight rows (output columns, N), or 64 in
+// the clustered cut where that runs more CTAs (streamk_clustered_cut), by the
+// token tile it launches for M (output rows); its grid depends on K too
+// (k < 1: K deep enough to give every SM work).
 TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device);
 // Whether this build runs wgmma_streamk's clustered cut (below; CUDA 13
 // builds), else its stream-K cut everywhere.
@@ -152,6 +154,40 @@ bool wgmma_streamk_clusters_built();
 inline bool streamk_cluster_fits(int64_t tiles, int64_t k_blocks, int64_t cluster, int64_t sms) {
   const int64_t ctas = tiles * cluster;
   return cluster >= 1 && cluster <= 8 && ctas <= sms && 3 * ctas >= 2 * sms && (cluster == 1 || 2 * cluster <= k_blocks);
+}
+
+// A clustered cut of wgmma_streamk: `ctas` CTAs in clusters of `cluster`,
+// one cluster a tile of `rows` weight rows; ctas == 0: none fits.
+struct StreamkCut {
+  int64_t ctas = 0;
+  int64_t cluster = 0;
+  int64_t rows = 0;
+};
+
+// The clustered cut that runs the most CTAs, of n weight rows by
+// `token_tiles` token tiles, k_blocks deep, in clusters of at most
+// `max_cluster` that `resident(rows, cluster, tiles)` says can all be
+// resident at once. Tiles of 64 weight rows (the two consumer warpgroups of
+// a CTA split each stage's K) run only in clusters of 2 or more, where they
+// fill more SMs than 128-row tiles do: 4096 rows are 32 tiles of 128, 96
+// CTAs in clusters of 3 on 132 SMs (clusters of 4 do not all fit at once on
+// an H100), or 64 tiles of 64, 128 CTAs in pairs. Of cuts with as many CTAs,
+// the smaller cluster, then the taller tile.
+template <typename Resident>
+StreamkCut streamk_clustered_cut(int64_t n, int64_t token_tiles, int64_t k_blocks, int64_t sms, int64_t max_cluster,
+                                 Resident&& resident) {
+  StreamkCut best;
+  for (int64_t rows : {128, 64}) {
+    const int64_t tiles = (n + rows - 1) / rows * token_tiles;
+    for (int64_t cluster = rows == 128 ? 1 : 2; cluster <= max_cluster; ++cluster) {
+      const int64_t ctas = tiles * cluster;
+      const bool better = ctas > best.ctas || (ctas == best.ctas && cluster < best.cluster);
+      if (better && streamk_cluster_fits(tiles, k_blocks, cluster, sms) && resident(rows, cluster, tiles)) {
+        best = {ctas, cluster, rows};
+      }
+    }
+  }
+  return best;
 }
 
 // The rows of every wgmma tile (wgmma_launch.cuh checks it).

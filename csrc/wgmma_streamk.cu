@@ -26,6 +26,10 @@
 // stretch of K of one tile, and the cluster adds its parts through
 // distributed shared memory, each CTA a share of the tile, so no CTA reads
 // the whole tile's parts alone and nothing passes through global memory.
+// Where tiles of 64 weight rows fill more SMs (4096 rows: 64 tiles in pairs,
+// 128 CTAs, against 96 in clusters of 3 of 128-row tiles), the clustered cut
+// runs those, both consumers on the tile's 64 rows, each over half of every
+// stage's K, their two parts added with the cluster's.
 // Each launch is a programmatic dependent launch, as wgmma_persistent's: its
 // CTAs set up while the kernel before them finishes.
 //
@@ -44,23 +48,28 @@ namespace persistent_matmul {
 namespace {
 
 constexpr int kTileRows = 128;  // weight rows per tile: two consumer warpgroups of 64
+constexpr int kHalfTileRows = 64;  // the clustered cut's other tile: both consumers on 64 rows, each half of K
 constexpr int kBlockK = 64;     // K per TMA box: 128-byte rows, the width of the 128-byte swizzle
 constexpr int kConsumers = 2;
 constexpr int kConsumerThreads = 128 * kConsumers;
 constexpr int kThreads = kConsumerThreads + 32;  // the consumers, then the producer warp
 
-// A tile of 128 weight rows x BT tokens; a stage holds two k-boxes of 64, a
-// k-block of 128 (one work item of the stream-K cut): [k-box][128 weight
-// rows][128 bytes], then [k-box][BT token rows][128 bytes], each box in TMA's
-// 128-byte swizzle; as many stages as fit ~200 KB of shared memory. (On the
-// H100, 1, 2 or 4 k-boxes a stage, and weight boxes of 8, 64 or 128 rows, ran
+// A tile of ROWS (128 or 64) weight rows x BT tokens; a stage holds two
+// k-boxes of 64, a k-block of 128 (one work item of the stream-K cut):
+// [k-box][ROWS weight rows][128 bytes], then [k-box][BT token rows][128
+// bytes], each box in TMA's 128-byte swizzle; as many stages as fit ~200 KB
+// of shared memory. With 128 rows each consumer takes 64 of them over both
+// k-boxes, with 64 rows each takes all of them over one k-box. (On the H100,
+// 1, 2 or 4 k-boxes a stage, and weight boxes of 8, 64 or 128 rows, ran
 // within 5% of each other at 1 to 64 tokens; two k-boxes were at the front or
 // within 2%.)
-template <int BT>
+template <int BT, int ROWS>
 struct StreamKShape {
   static constexpr int KB = 2;        // k-boxes per stage
   static constexpr int BK = kBlockK * KB;  // K per stage: a k-block
-  static constexpr int WEIGHT_BOX_BYTES = kTileRows * kBlockK * 2;
+  static constexpr bool SPLIT_K = ROWS == kHalfTileRows;  // the consumers split each stage's k-boxes
+  static constexpr int CONSUMER_BOXES = SPLIT_K ? KB / kConsumers : KB;  // k-boxes each consumer multiplies
+  static constexpr int WEIGHT_BOX_BYTES = ROWS * kBlockK * 2;
   static constexpr int TOKEN_BOX_BYTES = BT * kBlockK * 2;
   static constexpr int WEIGHT_STAGE_BYTES = KB * WEIGHT_BOX_BYTES;
   static constexpr int STAGE_BYTES = KB * (WEIGHT_BOX_BYTES + TOKEN_BOX_BYTES);
@@ -71,6 +80,8 @@ struct StreamKShape {
   static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8 + 4 * kConsumers;
   static_assert(STAGE_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
   static_assert(STAGES >= 2, "a ring of at least two stages");
+  static_assert(ROWS == kTileRows || ROWS == kHalfTileRows, "tiles of 128 or 64 weight rows");
+  static_assert(!SPLIT_K || KB % kConsumers == 0, "the consumers split a stage's k-boxes evenly");
   static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
   static_assert(2 * kTileRows * BT * 4 <= kStreamKPartialBytesPerSm, "two partial-sum slots per SM");
   static_assert(kTileRows * BT * 4 <= STAGES * STAGE_BYTES, "a cluster's part of a tile fits in the ring");
@@ -146,20 +157,23 @@ __device__ __forceinline__ void store_results(const MatmulProblem& p, int64_t n0
 }
 
 // The clustered cut's hand-over: every CTA of the cluster holds a part of
-// the same tile (an equal stretch of its k-blocks), which it writes to its
-// own shared memory, over the ring's stages (all consumed). After the
+// the same tile (an equal stretch of its k-blocks), which its consumers write
+// to its own shared memory, over the ring's stages (all consumed). After the
 // cluster's barrier each CTA adds its 1/ctas share of the tile's float4s over
 // every CTA's part, in rank order (so the result does not depend on timing),
 // adds the bias and stores them; the second barrier keeps every CTA's shared
 // memory until the others have read it. The layout is the fragment's
 // (store_partial_sums): float4 i of thread t of consumer c holds rows
 // 16 (t / 32) + (t % 32) / 4 (+ 8) and columns 8i + 2 (t % 4) (+ 1) of the
-// consumer's 64 x BT.
-template <typename T, int BT>
+// consumer's 64 x BT, which are rows c * 64 + ... of a 128-row tile, and the
+// same rows of a 64-row tile (whose consumers' parts are two more parts of
+// it, added in consumer order).
+template <typename T, int BT, int ROWS>
 __device__ __forceinline__ void reduce_in_cluster(const MatmulProblem& p, char* stages, int64_t n_tile, int64_t m0,
                                                   const float (&d)[BT / 2], int consumer) {
   constexpr int kPerConsumer = BT / 8 * 128;
-  constexpr int kPerTile = kConsumers * kPerConsumer;
+  constexpr int kPartsPerCta = StreamKShape<BT, ROWS>::SPLIT_K ? kConsumers : 1;  // of each float4 of the tile
+  constexpr int kPerTile = kConsumers * kPerConsumer / kPartsPerCta;
   hopper::named_barrier_sync(1, kConsumerThreads);  // both consumers' wgmmas are done with the stages
   float4* part = reinterpret_cast<float4*>(stages) + consumer * kPerConsumer + threadIdx.x % 128;
 #pragma unroll
@@ -172,12 +186,15 @@ __device__ __forceinline__ void reduce_in_cluster(const MatmulProblem& p, char* 
   const int end = kPerTile * (rank + 1) / ctas;
   for (int f = kPerTile * rank / ctas + int(threadIdx.x); f < end; f += kConsumerThreads) {
     float4 s = hopper::ld_shared_cluster_f4(base + 16 * f, 0);
-    for (int q = 1; q < ctas; ++q) {
-      const float4 v = hopper::ld_shared_cluster_f4(base + 16 * f, uint32_t(q));
-      s.x += v.x;
-      s.y += v.y;
-      s.z += v.z;
-      s.w += v.w;
+    for (int q = 0; q < ctas; ++q) {
+#pragma unroll
+      for (int h = q == 0 ? 1 : 0; h < kPartsPerCta; ++h) {
+        const float4 v = hopper::ld_shared_cluster_f4(base + 16 * (f + h * kPerConsumer), uint32_t(q));
+        s.x += v.x;
+        s.y += v.y;
+        s.z += v.z;
+        s.w += v.w;
+      }
     }
     const float sums[4] = {s.x, s.y, s.z, s.w};
     const int c = f / kPerConsumer, i = f % kPerConsumer / 128, warp = f % 128 / 32, lane = f % 32;
@@ -211,14 +228,14 @@ __device__ __forceinline__ float4* partial_of(const MatmulProblem& p, int64_t sl
 // of its CTA (tc::timeline_row). Every consumer thread calls this once per
 // segment, whichever way the segment ended (named barrier 1 holds the 256
 // consumer threads; 2 and 3 are the warpgroups' own).
-template <int BT>
+template <int BT, int ROWS>
 __device__ __forceinline__ void record_segment(const MatmulProblem& p, const Segment& seg, int64_t token_tiles,
                                                const int64_t& start) {
   hopper::named_barrier_sync(1, kConsumerThreads);
   if (threadIdx.x == 0) {
-    constexpr int kBK = StreamKShape<BT>::BK;
+    constexpr int kBK = StreamKShape<BT, ROWS>::BK;
     const tc::TileCoord tile{int(seg.tile % token_tiles), int(seg.tile / token_tiles)};
-    const int tiles_m = int(token_tiles), tiles_n = int(ceil_div(p.n, kTileRows));
+    const int tiles_m = int(token_tiles), tiles_n = int(ceil_div(p.n, ROWS));
     const int64_t row = tc::timeline_row(tile, tiles_m, tiles_n, seg.kb_begin == 0 ? -1 : int64_t(blockIdx.x));
     static_cast<tc::TileRecord*>(p.timeline)[row] = {tile.m,
                                                      tile.n,
@@ -232,13 +249,14 @@ __device__ __forceinline__ void record_segment(const MatmulProblem& p, const Seg
 }
 
 // At most 168 registers a thread: the 9 warps spread over the SM's four
-// register files of 16384, three warps on one. TIMELINE: the instrumented
-// build, which records each segment (record_segment).
-template <typename T, int BT, bool TIMELINE>
+// register files of 16384, three warps on one. ROWS: weight rows a tile (64
+// only in the clustered cut). TIMELINE: the instrumented build, which records
+// each segment (record_segment).
+template <typename T, int BT, int ROWS, bool TIMELINE>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_streamk_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
                          const MatmulProblem p) {
-  using Shape = StreamKShape<BT>;
+  using Shape = StreamKShape<BT, ROWS>;
   extern __shared__ char smem_raw[];
   char* stages = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(stages + Shape::STAGES * Shape::STAGE_BYTES);
@@ -247,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int64_t token_tiles = ceil_div(p.m, BT);
   const int64_t k_blocks = ceil_div(p.k, Shape::BK);
-  StreamK sk{k_blocks, ceil_div(p.n, kTileRows) * token_tiles * k_blocks, int(gridDim.x)};
+  StreamK sk{k_blocks, ceil_div(p.n, ROWS) * token_tiles * k_blocks, int(gridDim.x)};
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < Shape::STAGES; ++s) {
@@ -258,9 +276,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // the last CTA-wide barrier: then the producer warp's other lanes leave (in clusters,
                     // after the cluster's barriers)
-  // Launched in clusters (the clustered cut): each CTA's stretch is one part
-  // of its cluster's tile, handed over by reduce_in_cluster.
-  const bool clustered = hopper::cluster_ctas() > 1;
+  // Launched in clusters (the clustered cut), or with 64-row tiles (only
+  // launched so): each CTA's stretch is one part of its cluster's tile,
+  // handed over by reduce_in_cluster.
+  const bool clustered = Shape::SPLIT_K || hopper::cluster_ctas() > 1;
 
   if (threadIdx.x >= kConsumerThreads) {  // the producer warp: one thread issues every load
     if (threadIdx.x == kConsumerThreads) {
@@ -272,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       Stretch stretch(sk);
       Segment seg;
       while (stretch.next(seg)) {
-        const int weight_row = int(seg.tile / token_tiles) * kTileRows;
+        const int weight_row = int(seg.tile / token_tiles) * ROWS;
         const int token_row = int(seg.tile % token_tiles) * BT;
         for (int kb = seg.kb_begin; kb < seg.kb_end; ++kb) {
           hopper::mbarrier_wait(&empty[ring.stage], ring.phase ^ 1);  // a fresh barrier passes parity 1
@@ -316,11 +335,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     float d[Shape::ACCUMULATORS] = {};
     for (int kb = seg.kb_begin; kb < seg.kb_end; ++kb) {
       hopper::mbarrier_wait(&full[ring.stage], ring.phase);
-      const uint32_t weights = stage_base + ring.stage * Shape::STAGE_BYTES + consumer * 64 * 128;
-      const uint32_t tokens = stage_base + ring.stage * Shape::STAGE_BYTES + Shape::WEIGHT_STAGE_BYTES;
+      // A consumer's 64 weight rows of both k-boxes (128-row tiles), or all
+      // 64 rows of its own k-box (64-row tiles), and the k-boxes' tokens.
+      const int first_box = Shape::SPLIT_K ? consumer * Shape::CONSUMER_BOXES : 0;
+      const uint32_t weights = stage_base + ring.stage * Shape::STAGE_BYTES + first_box * Shape::WEIGHT_BOX_BYTES +
+                               (Shape::SPLIT_K ? 0 : consumer * 64 * 128);
+      const uint32_t tokens =
+          stage_base + ring.stage * Shape::STAGE_BYTES + Shape::WEIGHT_STAGE_BYTES + first_box * Shape::TOKEN_BOX_BYTES;
       hopper::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < Shape::KB; ++j) {
+      for (int j = 0; j < Shape::CONSUMER_BOXES; ++j) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {  // K-major rows of 128 bytes: 32 bytes per k16
           hopper::Wgmma<BT, 0>::template run<kBF16>(
@@ -335,16 +359,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       ring.advance();
     }
 
-    const int64_t n0 = (seg.tile / token_tiles) * kTileRows + consumer * 64;
+    const int64_t n_tile = (seg.tile / token_tiles) * ROWS;  // the tile's first weight row
     const int64_t m0 = (seg.tile % token_tiles) * BT;
     if (clustered) {  // a part of the cluster's tile (the launch gives every CTA one)
-      reduce_in_cluster<T, BT>(p, stages, n0 - consumer * 64, m0, d, consumer);
-      if constexpr (TIMELINE) record_segment<BT>(p, seg, token_tiles, segment_start);
+      reduce_in_cluster<T, BT, ROWS>(p, stages, n_tile, m0, d, consumer);
+      if constexpr (TIMELINE) record_segment<BT, ROWS>(p, seg, token_tiles, segment_start);
       continue;
     }
+    const int64_t n0 = n_tile + consumer * 64;  // this consumer's first weight row
     if (seg.kb_begin == 0 && seg.kb_end == k_blocks) {  // the whole tile: store it
       store_results<T, BT>(p, n0, m0, d);
-      if constexpr (TIMELINE) record_segment<BT>(p, seg, token_tiles, segment_start);
+      if constexpr (TIMELINE) record_segment<BT, ROWS>(p, seg, token_tiles, segment_start);
       continue;
     }
     // A part: hand it over, and count in. The CTAs that share tile u are the
@@ -366,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     hopper::named_barrier_sync(2 + consumer, 128);
     if (!*static_cast<volatile int*>(&finisher[consumer])) {
-      if constexpr (TIMELINE) record_segment<BT>(p, seg, token_tiles, segment_start);
+      if constexpr (TIMELINE) record_segment<BT, ROWS>(p, seg, token_tiles, segment_start);
       continue;
     }
     __threadfence();
@@ -374,15 +399,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < Shape::ACCUMULATORS; ++i) d[i] = 0.0f;
     for (int c = first; c <= last; ++c) hopper::add_partial_sums(d, partial_of<BT>(p, sk.slot(c, u), consumer));
     store_results<T, BT>(p, n0, m0, d);
-    if constexpr (TIMELINE) record_segment<BT>(p, seg, token_tiles, segment_start);
+    if constexpr (TIMELINE) record_segment<BT, ROWS>(p, seg, token_tiles, segment_start);
   }
 }
 
-// The tensor maps of the weights (N rows of K, in 128 x 64 boxes) and the
+// The tensor maps of the weights (N rows of K, in ROWS x 64 boxes) and the
 // tokens (M rows of K, in BT x 64 boxes).
-bool make_maps(const MatmulProblem& p, int bt, CUtensorMap* map_w, CUtensorMap* map_x) {
+bool make_maps(const MatmulProblem& p, int rows, int bt, CUtensorMap* map_w, CUtensorMap* map_x) {
   const bool bf16 = p.dtype == ElementType::kBFloat16;
-  return hopper::tensor_map(hopper::matrix_key(p.b, p.n, p.k, p.b_stride_n, kTileRows, kBlockK, bf16), map_w) &&
+  return hopper::tensor_map(hopper::matrix_key(p.b, p.n, p.k, p.b_stride_n, uint32_t(rows), kBlockK, bf16), map_w) &&
          hopper::tensor_map(hopper::matrix_key(p.a, p.m, p.k, p.a_stride_m, uint32_t(bt), kBlockK, bf16), map_x);
 }
 
@@ -409,10 +434,12 @@ auto with_token_tile(int64_t m, F&& f) {
 constexpr bool kClusteredCutBuilt = __CUDACC_VER_MAJOR__ >= 13;
 
 // How a launch cuts the work: `ctas` CTAs (stretches), in clusters of
-// `cluster` CTAs for the clustered cut (`cluster` CTAs a tile), else 1.
+// `cluster` CTAs for the clustered cut (`cluster` CTAs a tile), else 1, over
+// tiles of `rows` weight rows (64 only in the clustered cut).
 struct WorkCut {
   int64_t ctas;
   int cluster;
+  int rows;
 };
 
 // Clusters of `cluster` CTAs (1 to 8) of the kernel that can be resident at
@@ -445,38 +472,54 @@ int64_t resident_clusters_of(int cluster, int smem_bytes, int device) {
   return clusters;
 }
 
-// The cut of `tiles` tiles of K (k < 1: deep enough for every SM): the
-// clustered cut in the largest cluster, from 1 (whole tiles) to 8 CTAs, that
-// fits (streamk_cluster_fits) and is resident, else stream-K, one CTA an SM,
-// each with at least one work item (a k-block of a tile, as deep at every BT).
-constexpr int kItemK = StreamKShape<8>::BK;
+// Whether `tiles` clusters of `cluster` CTAs of the kernel for ROWS-row tiles
+// can all be resident at once.
+template <int BT, int ROWS>
+bool clusters_resident(int64_t cluster, int64_t tiles, int device) {
+  using Shape = StreamKShape<BT, ROWS>;
+  constexpr auto kernel = wgmma_streamk_kernel<__nv_bfloat16, BT, ROWS, false>;  // the same resources at every T
+  return tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device) == cudaSuccess &&
+         tiles <= resident_clusters_of<kernel>(int(cluster), Shape::SMEM_BYTES, device);
+}
+
+// The cut of n weight rows by `token_tiles` token tiles, K deep (k < 1: deep
+// enough for every SM): the clustered cut with the most CTAs that fits and is
+// resident (streamk_clustered_cut), else stream-K over 128-row tiles, one CTA
+// an SM, each with at least one work item (a k-block of a tile, as deep at
+// every BT).
+constexpr int kItemK = StreamKShape<8, kTileRows>::BK;
 template <int BT>
-WorkCut work_cut(int64_t tiles, int64_t k, int device) {
-  using Shape = StreamKShape<BT>;
-  constexpr auto kernel = wgmma_streamk_kernel<__nv_bfloat16, BT, false>;  // the same resources at every T
+WorkCut work_cut(int64_t n, int64_t token_tiles, int64_t k, int device) {
   const int64_t sms = tc::sm_count(device);
   const int64_t k_blocks = k < 1 ? sms : ceil_div(k, int64_t(kItemK));
-  if (kClusteredCutBuilt && tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device) == cudaSuccess) {
-    for (int cluster = 8; cluster >= 1; --cluster) {
-      if (streamk_cluster_fits(tiles, k_blocks, cluster, sms) &&
-          tiles <= resident_clusters_of<kernel>(cluster, Shape::SMEM_BYTES, device)) {
-        return {tiles * cluster, cluster};
-      }
-    }
+  if (kClusteredCutBuilt) {
+    const auto resident = [&](int64_t rows, int64_t cluster, int64_t tiles) {
+      return rows == kTileRows ? clusters_resident<BT, kTileRows>(cluster, tiles, device)
+                               : clusters_resident<BT, kHalfTileRows>(cluster, tiles, device);
+    };
+    const StreamkCut cut = streamk_clustered_cut(n, token_tiles, k_blocks, sms, 8, resident);
+    if (cut.ctas > 0) return {cut.ctas, int(cut.cluster), int(cut.rows)};
   }
-  return {k < 1 ? sms : min_i64(tiles * k_blocks, sms), 1};
+  const int64_t tiles = ceil_div(n, int64_t(kTileRows)) * token_tiles;
+  return {k < 1 ? sms : min_i64(tiles * k_blocks, sms), 1, kTileRows};
+}
+
+template <typename T, int BT, int ROWS, bool TIMELINE>
+cudaError_t launch_cut(const MatmulProblem& p, const WorkCut& cut, cudaStream_t stream, int device) {
+  using Shape = StreamKShape<BT, ROWS>;
+  constexpr auto kernel = wgmma_streamk_kernel<T, BT, ROWS, TIMELINE>;
+  if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
+  CUtensorMap map_w, map_x;
+  if (!make_maps(p, ROWS, BT, &map_w, &map_x)) return cudaErrorInvalidValue;
+  return hopper::launch_programmatic_in_clusters(kernel, dim3(unsigned(cut.ctas)), dim3(kThreads), Shape::SMEM_BYTES,
+                                                 unsigned(cut.cluster), stream, map_w, map_x, p);
 }
 
 template <typename T, int BT, bool TIMELINE>
 cudaError_t launch_typed(const MatmulProblem& p, cudaStream_t stream, int device) {
-  using Shape = StreamKShape<BT>;
-  constexpr auto kernel = wgmma_streamk_kernel<T, BT, TIMELINE>;
-  if (cudaError_t err = tc::allow_dynamic_smem<kernel>(Shape::SMEM_BYTES, device)) return err;
-  CUtensorMap map_w, map_x;
-  if (!make_maps(p, BT, &map_w, &map_x)) return cudaErrorInvalidValue;
-  const WorkCut cut = work_cut<BT>(ceil_div(p.n, kTileRows) * ceil_div(p.m, BT), p.k, device);
-  return hopper::launch_programmatic_in_clusters(kernel, dim3(unsigned(cut.ctas)), dim3(kThreads), Shape::SMEM_BYTES,
-                                                 unsigned(cut.cluster), stream, map_w, map_x, p);
+  const WorkCut cut = work_cut<BT>(p.n, ceil_div(p.m, BT), p.k, device);
+  return cut.rows == kHalfTileRows ? launch_cut<T, BT, kHalfTileRows, TIMELINE>(p, cut, stream, device)
+                                   : launch_cut<T, BT, kTileRows, TIMELINE>(p, cut, stream, device);
 }
 
 template <typename T>
@@ -505,10 +548,11 @@ bool wgmma_streamk_clusters_built() { return kClusteredCutBuilt; }
 TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device) {
   TileConfig cfg;
   cfg.block_m = token_tile_for(m);
-  cfg.block_n = kTileRows;
   cfg.block_k = kItemK;
-  cfg.tiles = ceil_div(m, cfg.block_m) * ceil_div(n, kTileRows);
-  const WorkCut cut = with_token_tile(m, [&](auto bt) { return work_cut<decltype(bt)::value>(cfg.tiles, k, device); });
+  const WorkCut cut =
+      with_token_tile(m, [&](auto bt) { return work_cut<decltype(bt)::value>(n, ceil_div(m, cfg.block_m), k, device); });
+  cfg.block_n = cut.rows;
+  cfg.tiles = ceil_div(m, cfg.block_m) * ceil_div(n, int64_t(cut.rows));
   cfg.persistent_ctas = cut.ctas;
   cfg.cluster_size = cut.cluster;
   cfg.timeline_rows = cfg.tiles + cfg.persistent_ctas;

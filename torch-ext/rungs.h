@@ -108,11 +108,9 @@ constexpr int64_t kSplitkShortRowsK = 4096;
 constexpr int64_t kStreamkClusteredMaxTokens = 64;
 inline bool streamk_runs_clustered(const DeviceFacts& d, int64_t m, int64_t n, int64_t k) {
   if (!d.streamk_clusters || m > kStreamkClusteredMaxTokens) return false;
-  const int64_t tiles = (n + kWgmmaTileRows - 1) / kWgmmaTileRows, k_blocks = (k + 127) / 128;
-  for (int64_t cluster = m > kSplitkAutoTokens ? 8 : 2; cluster >= 1; --cluster) {
-    if (streamk_cluster_fits(tiles, k_blocks, cluster, d.sms)) return true;
-  }
-  return false;
+  const int64_t max_cluster = m > kSplitkAutoTokens ? 8 : 2;
+  const auto resident = [](int64_t, int64_t, int64_t) { return true; };  // the launch asks the runtime
+  return streamk_clustered_cut(n, 1, (k + 127) / 128, d.sms, max_cluster, resident).ctas > 0;
 }
 
 // kernel="auto": the skinny-product rungs for few tokens against K-major
