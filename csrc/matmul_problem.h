@@ -165,24 +165,23 @@ struct StreamkCut {
 };
 
 // The clustered cut that runs the most CTAs, of n weight rows by
-// `token_tiles` token tiles, k_blocks deep, in clusters of at most
-// `max_cluster` that `resident(rows, cluster, tiles)` says can all be
-// resident at once. Tiles of 64 weight rows (the two consumer warpgroups of
-// a CTA split each stage's K) run only in clusters of 2 or more, where they
-// fill more SMs than 128-row tiles do: 4096 rows are 32 tiles of 128, 96
-// CTAs in clusters of 3 on 132 SMs (clusters of 4 do not all fit at once on
-// an H100), or 64 tiles of 64, 128 CTAs in pairs. Of cuts with as many CTAs,
-// the smaller cluster, then the taller tile.
-template <typename Resident>
-StreamkCut streamk_clustered_cut(int64_t n, int64_t token_tiles, int64_t k_blocks, int64_t sms, int64_t max_cluster,
-                                 Resident&& resident) {
+// `token_tiles` token tiles, k_blocks deep, of those that
+// `usable(rows, cluster, tiles)` accepts (the launch: `tiles` such clusters
+// can all be resident at once). Tiles of 64 weight rows (the two consumer
+// warpgroups of a CTA split each stage's K) run only in clusters of 2 or
+// more, where they fill more SMs than 128-row tiles do: 4096 rows are 32
+// tiles of 128, 96 CTAs in clusters of 3 on 132 SMs (clusters of 4 do not all
+// fit at once on an H100), or 64 tiles of 64, 128 CTAs in pairs. Of cuts with
+// as many CTAs, the smaller cluster, then the taller tile.
+template <typename Usable>
+StreamkCut streamk_clustered_cut(int64_t n, int64_t token_tiles, int64_t k_blocks, int64_t sms, Usable&& usable) {
   StreamkCut best;
   for (int64_t rows : {128, 64}) {
     const int64_t tiles = (n + rows - 1) / rows * token_tiles;
-    for (int64_t cluster = rows == 128 ? 1 : 2; cluster <= max_cluster; ++cluster) {
+    for (int64_t cluster = rows == 128 ? 1 : 2; cluster <= 8; ++cluster) {
       const int64_t ctas = tiles * cluster;
       const bool better = ctas > best.ctas || (ctas == best.ctas && cluster < best.cluster);
-      if (better && streamk_cluster_fits(tiles, k_blocks, cluster, sms) && resident(rows, cluster, tiles)) {
+      if (better && streamk_cluster_fits(tiles, k_blocks, cluster, sms) && usable(rows, cluster, tiles)) {
         best = {ctas, cluster, rows};
       }
     }

@@ -497,7 +497,7 @@ WorkCut work_cut(int64_t n, int64_t token_tiles, int64_t k, int device) {
       return rows == kTileRows ? clusters_resident<BT, kTileRows>(cluster, tiles, device)
                                : clusters_resident<BT, kHalfTileRows>(cluster, tiles, device);
     };
-    const StreamkCut cut = streamk_clustered_cut(n, token_tiles, k_blocks, sms, 8, resident);
+    const StreamkCut cut = streamk_clustered_cut(n, token_tiles, k_blocks, sms, resident);
     if (cut.ctas > 0) return {cut.ctas, int(cut.cluster), int(cut.rows)};
   }
   const int64_t tiles = ceil_div(n, int64_t(kTileRows)) * token_tiles;

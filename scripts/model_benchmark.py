@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -461,17 +462,23 @@ def model_markdown(rows: list[dict], layers: int, iters: int, rounds: int) -> li
 # ------------------------------------------------------------------------------ main
 
 
-def parse_projection(text: str) -> str:
-    if text not in PROJECTIONS:
-        raise argparse.ArgumentTypeError(f"unknown projection {text!r}; choose from {', '.join(PROJECTIONS)}")
-    return text
+def parse_projection(text: str) -> tuple[str, tuple[int, int]]:
+    """A projection of the shape set by name, or any other weight as NxK (its name)."""
+    if text in PROJECTIONS:
+        return text, PROJECTIONS[text]
+    match = re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"unknown projection {text!r}; choose from {', '.join(PROJECTIONS)}, or give a weight as NxK")
+    return text, (int(match[1]), int(match[2]))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", nargs="+", choices=("host", "shapes", "model"), default=["host", "shapes", "model"])
     parser.add_argument("--kernels", nargs="+", default=["auto"], help="kernel= values of pm.linear (default: auto)")
-    parser.add_argument("--projections", nargs="+", type=parse_projection, default=list(PROJECTIONS))
+    parser.add_argument("--projections", nargs="+", type=parse_projection, default=list(PROJECTIONS.items()),
+                        help="projections of the shape set by name, or weights as NxK (default: the shape set)")
     parser.add_argument("--ms", nargs="+", type=int, default=[*DECODE_M, *PREFILL_M], help="M values of the shape set")
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds per case, shapes and model (median kept)")
@@ -499,8 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     if "shapes" in args.parts:
         env["copy_gbs"] = copy_bandwidth()
         rows = []
-        for name in args.projections:
-            n, k = PROJECTIONS[name]
+        for name, (n, k) in args.projections:
             rows += bench_projection(pm, name, n, k, tuple(args.ms), args.kernels, args.rounds)
         report["shapes"] = rows
         lines += shapes_markdown(rows, args.kernels, env["copy_gbs"])

@@ -30,8 +30,10 @@ from harness.kernel import load_kernel
 # (8, 300, 4000): a skinny product whose splitk CTAs wrap around their ring of stages.
 # Fewer tiles than SMs, split in K by wgmma_persistent: (8, 4096, 1024), 32 tiles in 4
 # parts, (100, 4096, 1040), 64 tiles 64 wide in 2, and (300, 1000, 1100), 16 tile pairs
-# in 4 parts over an odd number of tile rows; on an H100 the first two run wgmma_streamk's
-# clustered cut, 3 CTAs a tile (parts of 2 or 3 k-blocks, and of 3). (129, 65, 70), (256, 192, 128) and
+# in 4 parts over an odd number of tile rows; on 132 SMs the first two run wgmma_streamk's
+# clustered cut over 64-row tiles in pairs (parts of 4 k-blocks, and of 4 or 5), and
+# (16, 6144, 1024) and (16, 1536, 2048) its 128-row tiles in pairs and 64-row tiles in
+# clusters of 5 (parts of 4, and of 3 or 4 k-blocks). (129, 65, 70), (256, 192, 128) and
 # (200, 136, 192) run wgmma_persistent's 64-wide tiles in CTA pairs. On 132 SMs,
 # (512, 6280, 200) and (1024, 6336, 64) run its 192-wide tiles: one round, the last
 # tile column clipped, and two rounds of one k-block (two tiles stored back to back);
@@ -39,7 +41,7 @@ from harness.kernel import load_kernel
 # last tile row and column clipped.
 SHAPES = [(1, 1, 1), (7, 9, 5), (129, 65, 70), (64, 200, 33), (8, 300, 4000), (256, 192, 128), (200, 136, 192),
           (512, 6280, 200), (1024, 6336, 64), (1100, 4096, 130), (8, 4096, 1024), (100, 4096, 1040),
-          (300, 1000, 1100)]
+          (300, 1000, 1100), (16, 6144, 1024), (16, 1536, 2048)]
 LAYOUTS = [(False, False), (True, True), (False, True)]
 # More 128x256 tiles than a 132-SM GPU holds, not whole waves, K with a tail:
 # the split-tail order splits tiles here.

@@ -609,6 +609,20 @@ def test_model_benchmark_host_cost_is_the_loop_per_call_and_the_table_names_the_
     assert "| 1x256x256 | pm.linear(x, w) | 10.00 | 9.00 | F.linear(x, w) | 12.50 | 12.00 | 0.80 | 0.75 |" in text
 
 
+def test_model_benchmark_takes_projections_by_name_or_as_n_by_k():
+    import argparse
+
+    import pytest
+
+    import model_benchmark
+
+    assert model_benchmark.parse_projection("8B o") == ("8B o", (4096, 4096))
+    assert model_benchmark.parse_projection("1024x4096") == ("1024x4096", (1024, 4096))
+    for bad in ("8B x", "1024x", "0x4096", "1024*4096"):
+        with pytest.raises(argparse.ArgumentTypeError, match="unknown projection"):
+            model_benchmark.parse_projection(bad)
+
+
 def test_model_benchmark_shape_table_gives_each_case_its_clock_and_power():
     """Each projection row ends with the SM clock and power sampled after its case,
     blank where nothing was sampled (no nvidia-smi); the set's geomean follows."""

@@ -41,13 +41,14 @@ SKINNY = ["splitk", "wgmma_streamk"]
 # wgmma_streamk: M across every token-tile width (8 ... 256) and several token tiles
 # (257, 300); N across the 128-row tile; work that is less than one k-block per SM
 # (1 x 1), whole tiles only (20000 x 64: 157 tiles of one k-block), stretches that
-# cut tiles (20000 x 192), and on GPUs of 100-200 SMs the clustered cut: 3 or 4 CTAs a
-# tile (4096 x 14336 and 4096 x 1000: 32 tiles, parts of 37-38 or 28 and of 2-3 or 2
-# k-blocks; 64 tiles in pairs from 257 tokens on), pairs (6144 x 4096: 48 tiles) and
-# clusters of 8 (1536 x 2048: 12 tiles).
+# cut tiles (20000 x 192), and on GPUs of 100-200 SMs the clustered cut. On 132 SMs:
+# 128-row tiles in pairs (6144 x 4096: 48 tiles; 4096 rows from 257 tokens on) and in
+# clusters of 3 where 40 of them are resident (5120 x 1024); 64-row tiles in pairs
+# (4096 x 14336 and 4096 x 1000: 64 tiles, parts of 56 and of 4 k-blocks), in clusters of
+# 5 (1536 x 2048: 24 tiles) and of 8 (1024 x 2048: 16 tiles, parts of 2 k-blocks).
 SKINNY_M = [1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 200, 256, 257, 300]
 SKINNY_NK = [(1, 1), (15, 63), (16, 64), (17, 65), (48, 511), (33, 512), (130, 4104), (20000, 64), (20000, 192),
-             (4096, 14336), (4096, 1000), (6144, 4096), (1536, 2048)]
+             (4096, 14336), (4096, 1000), (6144, 4096), (5120, 1024), (1536, 2048), (1024, 2048)]
 
 
 @pytest.mark.parametrize("kernel", SKINNY)
@@ -105,20 +106,28 @@ def test_skinny_takes_any_layout(pm, gen, kernel):
 
 def test_streamk_bit_exact_shapes_cover_every_cut(pm):
     """The shapes of the bit-exact test run wgmma_streamk's stream-K cut and its clustered
-    cut in pairs, in clusters of 3 or 4 and of 8 on this GPU (tile_config says which), so
-    that test checks each of them; 4096 weight rows (32 tiles) run clustered at every
-    token count up to 256."""
+    cut over 128-row tiles whole and in pairs, and over 64-row tiles in pairs and in larger
+    clusters on this GPU (tile_config says which), so that test checks each of them; 4096
+    weight rows run clustered at every token count up to 256, every CTA one tile's part."""
     runs(pm, "wgmma_streamk")
     sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
     if not 100 <= sms <= 200:
         pytest.skip(f"the shapes are chosen for 100-200 SMs, this GPU has {sms}")
-    clusters = {pm.tile_config(m, n, kernel="wgmma_streamk", k=k)["cluster_size"]
-                for m in SKINNY_M for n, k in SKINNY_NK}
-    assert {1, 2, 8} <= clusters and clusters & {3, 4}, clusters
+    cuts = set()
+    for m in SKINNY_M:
+        for n, k in SKINNY_NK:
+            config = pm.tile_config(m, n, kernel="wgmma_streamk", k=k)
+            cuts.add((config["block_n"], config["cluster_size"]))
+            if config["block_n"] == 64:  # 64-row tiles run only in the clustered cut, in clusters
+                assert config["cluster_size"] >= 2, (m, n, k, config)
+    assert {(128, 1), (128, 2), (64, 2)} <= cuts, cuts
+    assert any(rows == 64 and cluster > 2 for rows, cluster in cuts), cuts
     for m in (1, 64, 256):
         config = pm.tile_config(m, 4096, kernel="wgmma_streamk", k=4096)
-        assert config["tiles"] == 32 and config["cluster_size"] > 1, config
-        assert config["persistent_ctas"] == config["cluster_size"] * 32 <= sms, config
+        assert config["cluster_size"] > 1 and config["tiles"] == 4096 // config["block_n"], config
+        assert config["persistent_ctas"] == config["cluster_size"] * config["tiles"] <= sms, config
+    if sms == 132:  # H100 SXM, H200: 64 tiles of 64 rows in pairs, cuBLAS's grid at these shapes
+        assert (config["block_n"], config["cluster_size"], config["persistent_ctas"]) == (64, 2, 128), config
 
 
 def test_streamk_is_deterministic_and_leaves_its_counters_zero(pm, gen):
@@ -171,11 +180,12 @@ def test_auto_takes_the_skinny_rungs_where_choose_kernel_says(pm, gen):
     hopper_132 = (props.major, props.minor, props.multi_processor_count) == (9, 0, 132)
     # On an H100 or H200 (132 SMs): 8192 weight rows (64 tiles) run wgmma_streamk's clustered
     # cut in pairs, up to 64 tokens but for splitk's bulk kernel at up to 8 tokens against
-    # short rows; 20000 x 4096 is 80 M elements; 1024 rows (8 tiles) fill too few SMs.
+    # short rows; 20000 x 4096 is 80 M elements; 1024 rows (16 tiles of 64) run clusters of 8
+    # from 33 tokens on, 640 rows (10 tiles) fill too few SMs.
     expected = {(4, 8192, 1024): "splitk", (16, 8192, 1024): "wgmma_streamk", (32, 8192, 1024): "wgmma_streamk",
                 (64, 8192, 1024): "wgmma_streamk", (300, 8192, 1024): "wgmma_persistent",
                 (8, 20000, 4096): "splitk", (16, 20000, 4096): "wgmma_streamk", (1, 10000, 8192): "wgmma_streamk",
-                (48, 1024, 14336): "wgmma_persistent"}
+                (48, 1024, 14336): "wgmma_streamk", (48, 640, 14336): "wgmma_persistent"}
     for (m, n, k), rung_here in expected.items():
         rung = choose(props.major, props.minor, props.multi_processor_count, torch.bfloat16, m, n, k, True)
         a, b = random_operands(m, n, k, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)
@@ -245,7 +255,7 @@ def test_layer_falls_back_to_torch_for_what_the_op_does_not_take(pm):
 
 @pytest.mark.parametrize("kernel", ["naive", "tiled", "persistent", "wgmma", "wgmma_persistent", "splitk",
                                     "wgmma_streamk", "auto"])
-@pytest.mark.parametrize("shape", [(16, 4224, 512), (64, 4096, 1024), (1000, 3000, 320)],
+@pytest.mark.parametrize("shape", [(16, 10240, 1024), (64, 4096, 1024), (1000, 3000, 320)],
                          ids=["decode", "decode-clustered", "ragged"])
 def test_every_rung_replays_in_a_cuda_graph(pm, kernel, shape):
     """matmul captured into a CUDA graph (the split-tail workspace of the persistent rungs

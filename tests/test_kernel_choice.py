@@ -69,7 +69,7 @@ def test_streamk_for_large_weights_on_hopper_only(pm, sms):
     assert choose(9, 0, sms, torch.bfloat16, 33, *big, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 1, *big, False) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.float32, 1, *big, True) == "warptiled"
-    assert choose(9, 0, sms, torch.bfloat16, 16, 4096, 14336, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 16, 2048, 14336, True) == "splitk"
     assert choose(9, 0, sms, torch.bfloat16, 65, 4096, 14336, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 65, 8192, 28672, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 32, 8192, 28672, True) == "wgmma_streamk"
@@ -79,10 +79,11 @@ def test_streamk_for_large_weights_on_hopper_only(pm, sms):
 
 def test_streamk_where_its_clustered_cut_runs(pm):
     """On 132 SMs, wgmma_streamk also up to 64 tokens where a whole number of CTAs per
-    128-row tile, at least two k-blocks (of 128) deep each, fill 2/3 to all of the SMs: in
-    pairs or whole tiles (44 to 132 tiles) from one token on, in clusters of up to 8 (from 11
-    tiles) from 33 tokens on; splitk's bulk kernel keeps up to 8 tokens against rows of at
-    most 4096; past 64 tokens the tile rungs."""
+    tile of 128 or 64 weight rows, at least two k-blocks (of 128) deep each, fill 2/3 to all
+    of the SMs: 128-row tiles in pairs or whole (44 to 132 tiles) and 64-row tiles in pairs
+    against rows longer than 4096 from one token on, any cluster of up to 8 from 33 tokens
+    on; splitk's bulk kernel keeps up to 8 tokens against rows of at most 4096; past 64
+    tokens the tile rungs."""
     choose = pm._matmul.ops.choose_kernel
     for m in (1, 9, 32, 64):
         assert choose(9, 0, 132, torch.bfloat16, m, 8192, 8192, True) == "wgmma_streamk"  # 64 tiles, pairs
@@ -93,11 +94,18 @@ def test_streamk_where_its_clustered_cut_runs(pm):
     assert choose(9, 0, 132, torch.bfloat16, 16, 66 * 128, 512, True) == "wgmma_streamk"  # 132 CTAs in pairs
     assert choose(9, 0, 132, torch.bfloat16, 16, 67 * 128, 512, True) == "splitk"  # pairs overflow, too few tiles
     assert choose(9, 0, 132, torch.bfloat16, 16, 8192, 384, True) == "splitk"  # parts of 1.5 k-blocks
-    assert choose(9, 0, 132, torch.bfloat16, 32, 4096, 4096, True) == "splitk"  # clusters of 3 from 33 tokens
+    assert choose(9, 0, 132, torch.bfloat16, 32, 4096, 4096, True) == "splitk"  # 64-row pairs, rows of 4096
     assert choose(9, 0, 132, torch.bfloat16, 33, 4096, 4096, True) == "wgmma_streamk"
-    assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 128, 2048, True) == "wgmma_streamk"  # clusters of 8
-    assert choose(9, 0, 132, torch.bfloat16, 33, 10 * 128, 2048, True) == "wgmma_persistent"  # 80 CTAs
-    assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 128, 1920, True) == "wgmma_persistent"  # parts of 1.9
+    for m in (1, 9, 32):
+        assert choose(9, 0, 132, torch.bfloat16, m, 4096, 4104, True) == "wgmma_streamk"  # 64-row pairs
+        assert choose(9, 0, 132, torch.bfloat16, m, 4096, 14336, True) == "wgmma_streamk"
+    assert choose(9, 0, 132, torch.bfloat16, 16, 2752, 14336, True) == "splitk"  # 43 64-row tiles: 86 CTAs
+    assert choose(9, 0, 132, torch.bfloat16, 16, 2816, 14336, True) == "wgmma_streamk"  # 44: 88
+    assert choose(9, 0, 132, torch.bfloat16, 16, 4096, 384, True) == "splitk"  # parts of 1.5 k-blocks
+    assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 128, 2048, True) == "wgmma_streamk"  # 22 64-row tiles, 6 each
+    assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 64, 2048, True) == "wgmma_streamk"  # clusters of 8
+    assert choose(9, 0, 132, torch.bfloat16, 33, 10 * 64, 2048, True) == "wgmma_persistent"  # 80 CTAs
+    assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 64, 1920, True) == "wgmma_persistent"  # parts of 1.9
     assert choose(9, 0, 132, torch.bfloat16, 65, 4096, 4096, True) == "wgmma_persistent"
     assert choose(9, 0, 132, torch.bfloat16, 64, 8192, 8192, False) == "wgmma_persistent"  # N-major weights
     assert choose(8, 0, 108, torch.bfloat16, 16, 8192, 8192, True) == "splitk"  # no sm_90a

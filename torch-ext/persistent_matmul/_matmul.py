@@ -210,7 +210,8 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
     rows (output columns), k-blocks of block_k = 128, and launches one CTA an
     SM but no more than there are (tile, k-block) work items, or, where a
     whole number of CTAs per tile fills most of the SMs, that many CTAs a
-    tile in clusters of as many (``cluster_size``): its grid depends on
+    tile in clusters of as many (``cluster_size``), over tiles of 64 weight
+    rows (block_n = 64) where those fill more SMs: its grid depends on
     ``k``, the product's depth (None: deep enough for every SM), as
     wgmma_persistent's does.
     """
