@@ -42,7 +42,7 @@ def test_splitk_from_1024_weight_rows(pm, sms):
     6000's 188), where wgmma_streamk is not."""
     choose = pm._matmul.ops.choose_kernel
     assert choose(9, 0, sms, torch.bfloat16, 1, 1024, 4096, True) == "splitk"
-    assert choose(9, 0, sms, torch.bfloat16, 32, 1024, 4096, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 32, 1024, 512, True) == "splitk"
     assert choose(9, 0, sms, torch.bfloat16, 33, 1024, 4096, True) != "splitk"
     assert choose(9, 0, sms, torch.bfloat16, 65, 1024, 4096, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 1, 1023, 4096, True) == "wgmma_persistent"
@@ -69,7 +69,7 @@ def test_streamk_for_large_weights_on_hopper_only(pm, sms):
     assert choose(9, 0, sms, torch.bfloat16, 33, *big, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 1, *big, False) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.float32, 1, *big, True) == "warptiled"
-    assert choose(9, 0, sms, torch.bfloat16, 16, 2048, 14336, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 16, 9000, 8192, True) == "splitk"  # 73.7 M elements, no cluster fits
     assert choose(9, 0, sms, torch.bfloat16, 65, 4096, 14336, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 65, 8192, 28672, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 32, 8192, 28672, True) == "wgmma_streamk"
@@ -80,10 +80,10 @@ def test_streamk_for_large_weights_on_hopper_only(pm, sms):
 def test_streamk_where_its_clustered_cut_runs(pm):
     """On 132 SMs, wgmma_streamk also up to 64 tokens where a whole number of CTAs per
     tile of 128 or 64 weight rows, at least two k-blocks (of 128) deep each, fill 2/3 to all
-    of the SMs: 128-row tiles in pairs or whole (44 to 132 tiles) and 64-row tiles in pairs
-    against rows longer than 4096 from one token on, any cluster of up to 8 from 33 tokens
-    on; splitk's bulk kernel keeps up to 8 tokens against rows of at most 4096; past 64
-    tokens the tile rungs."""
+    of the SMs: from one token on 128-row tiles in pairs or whole (44 to 132 tiles) and
+    64-row tiles in clusters of 3 to 8, or in pairs against rows longer than 4096; any
+    cluster of up to 8 from 33 tokens on; splitk's bulk kernel keeps up to 8 tokens against
+    rows of at most 4096; past 64 tokens the tile rungs."""
     choose = pm._matmul.ops.choose_kernel
     for m in (1, 9, 32, 64):
         assert choose(9, 0, 132, torch.bfloat16, m, 8192, 8192, True) == "wgmma_streamk"  # 64 tiles, pairs
@@ -99,9 +99,16 @@ def test_streamk_where_its_clustered_cut_runs(pm):
     for m in (1, 9, 32):
         assert choose(9, 0, 132, torch.bfloat16, m, 4096, 4104, True) == "wgmma_streamk"  # 64-row pairs
         assert choose(9, 0, 132, torch.bfloat16, m, 4096, 14336, True) == "wgmma_streamk"
-    assert choose(9, 0, 132, torch.bfloat16, 16, 2752, 14336, True) == "splitk"  # 43 64-row tiles: 86 CTAs
-    assert choose(9, 0, 132, torch.bfloat16, 16, 2816, 14336, True) == "wgmma_streamk"  # 44: 88
+    assert choose(9, 0, 132, torch.bfloat16, 16, 4224, 4096, True) == "splitk"  # 66 64-row tiles in pairs
+    assert choose(9, 0, 132, torch.bfloat16, 16, 4224, 4104, True) == "wgmma_streamk"
+    assert choose(9, 0, 132, torch.bfloat16, 16, 2752, 4096, True) == "wgmma_streamk"  # 43 in clusters of 3
     assert choose(9, 0, 132, torch.bfloat16, 16, 4096, 384, True) == "splitk"  # parts of 1.5 k-blocks
+    for m in (9, 32):  # 16 and 24 64-row tiles in clusters of 8 and 5, where splitk runs 64 and 96 CTAs
+        assert choose(9, 0, 132, torch.bfloat16, m, 1024, 4096, True) == "wgmma_streamk"
+        assert choose(9, 0, 132, torch.bfloat16, m, 1536, 4096, True) == "wgmma_streamk"
+    assert choose(9, 0, 132, torch.bfloat16, 8, 1024, 4096, True) == "splitk"  # its bulk kernel
+    assert choose(9, 0, 132, torch.bfloat16, 1, 1024, 14336, True) == "wgmma_streamk"
+    assert choose(9, 0, 132, torch.bfloat16, 32, 40 * 128, 1024, True) == "splitk"  # 128-row, clusters of 3
     assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 128, 2048, True) == "wgmma_streamk"  # 22 64-row tiles, 6 each
     assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 64, 2048, True) == "wgmma_streamk"  # clusters of 8
     assert choose(9, 0, 132, torch.bfloat16, 33, 10 * 64, 2048, True) == "wgmma_persistent"  # 80 CTAs

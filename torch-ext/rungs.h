@@ -98,19 +98,24 @@ constexpr int64_t kStreamkAutoMinWeights = 80 * 1000 * 1000;
 constexpr int64_t kSplitkShortRowsK = 4096;
 
 // And wgmma_streamk up to 64 tokens where it runs its clustered cut (one
-// token tile; streamk_clustered_cut), but up to 32 tokens only in pairs or
-// whole tiles, and over 64-row tiles only against rows longer than
-// kSplitkShortRowsK. H100, CUDA graphs (benchmarks/NOTES.md, "Why a stream-K
-// rung for decode on Hopper"): pairs of 128-row tiles ran 70B o (8192 x 8192)
-// 5-7% ahead of splitk at 1-32 tokens and of wgmma_persistent at 64,
-// 6144 x 4096 7% ahead of splitk at 32 tokens; pairs of 64-row tiles ran
-// 8B down (4096 x 14336) 2-7% ahead of splitk at 1-32 tokens and 8B o (4096 x 4096)
-// 19% ahead of wgmma_persistent at 64, but 5-8% behind splitk at 16-32.
+// token tile; streamk_clustered_cut), but up to 32 tokens not in clusters of
+// 3 or more of 128-row tiles, nor in pairs of 64-row tiles against rows of at
+// most kSplitkShortRowsK. H100, CUDA graphs (benchmarks/NOTES.md, "Why a
+// stream-K rung for decode on Hopper"): pairs of 128-row tiles ran 70B o
+// (8192 x 8192) 5-7% ahead of splitk at 1-32 tokens and of wgmma_persistent
+// at 64, 6144 x 4096 7% ahead of splitk at 32 tokens; clusters of 3 at
+// 4096 x 4096 ran 15-16% behind splitk at 16-32. Pairs of 64-row tiles ran
+// 8B down (4096 x 14336) 2-7% ahead of splitk at 1-32 tokens and 8B o
+// (4096 x 4096) 19% ahead of wgmma_persistent at 64, but 5-8% behind splitk
+// at 16-32; 64-row tiles in clusters of 5 to 8 (1024 and 1536 rows, whose
+// 64 or 96 splitk CTAs fill too few SMs) ran 16-63% ahead of splitk at 32
+// tokens and 2.0-3.6x ahead of wgmma_persistent at 48-64.
 constexpr int64_t kStreamkClusteredMaxTokens = 64;
 inline bool streamk_runs_clustered(const DeviceFacts& d, int64_t m, int64_t n, int64_t k) {
   if (!d.streamk_clusters || m > kStreamkClusteredMaxTokens) return false;
   const auto taken = [&](int64_t rows, int64_t cluster, int64_t) {  // the launch asks whether they are resident
-    return m > kSplitkAutoTokens || (cluster <= 2 && (rows == kWgmmaTileRows || k > kSplitkShortRowsK));
+    if (m > kSplitkAutoTokens) return true;
+    return rows == kWgmmaTileRows ? cluster <= 2 : (cluster > 2 || k > kSplitkShortRowsK);
   };
   return streamk_clustered_cut(n, 1, (k + 127) / 128, d.sms, taken).ctas > 0;
 }
