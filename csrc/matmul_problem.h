@@ -146,7 +146,14 @@ TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device
 // Whether this build runs wgmma_streamk's clustered cut (below; CUDA 13
 // builds), else its stream-K cut everywhere.
 bool wgmma_streamk_clusters_built();
-// Whether wgmma_streamk can cut `tiles` tiles of k_blocks k-blocks (of 128)
+// wgmma_streamk's tile heights, in weight rows: two consumer warpgroups of 64
+// rows each, or, in the clustered cut, both consumers on the same 64 rows,
+// each over half of every k-block.
+constexpr int64_t kStreamkTileRows = 128;
+constexpr int64_t kStreamkHalfTileRows = 64;
+// K of one work item of wgmma_streamk's cut (a k-block: two TMA boxes of 64).
+constexpr int64_t kStreamkBlockK = 128;
+// Whether wgmma_streamk can cut `tiles` tiles of k_blocks k-blocks
 // `cluster` CTAs a tile, in clusters of as many (the clustered cut): the CTAs
 // fit the SMs once and fill at least 2/3 of them (cuBLAS runs 96 CTAs at
 // 6144 weight rows on 132 SMs), each part at least two k-blocks deep. The
@@ -176,9 +183,9 @@ struct StreamkCut {
 template <typename Usable>
 StreamkCut streamk_clustered_cut(int64_t n, int64_t token_tiles, int64_t k_blocks, int64_t sms, Usable&& usable) {
   StreamkCut best;
-  for (int64_t rows : {128, 64}) {
+  for (int64_t rows : {kStreamkTileRows, kStreamkHalfTileRows}) {
     const int64_t tiles = (n + rows - 1) / rows * token_tiles;
-    for (int64_t cluster = rows == 128 ? 1 : 2; cluster <= 8; ++cluster) {
+    for (int64_t cluster = rows == kStreamkTileRows ? 1 : 2; cluster <= 8; ++cluster) {
       const int64_t ctas = tiles * cluster;
       const bool better = ctas > best.ctas || (ctas == best.ctas && cluster < best.cluster);
       if (better && streamk_cluster_fits(tiles, k_blocks, cluster, sms) && usable(rows, cluster, tiles)) {

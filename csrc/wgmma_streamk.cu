@@ -47,8 +47,6 @@
 namespace persistent_matmul {
 namespace {
 
-constexpr int kTileRows = 128;  // weight rows per tile: two consumer warpgroups of 64
-constexpr int kHalfTileRows = 64;  // the clustered cut's other tile: both consumers on 64 rows, each half of K
 constexpr int kBlockK = 64;     // K per TMA box: 128-byte rows, the width of the 128-byte swizzle
 constexpr int kConsumers = 2;
 constexpr int kConsumerThreads = 128 * kConsumers;
@@ -67,7 +65,7 @@ template <int BT, int ROWS>
 struct StreamKShape {
   static constexpr int KB = 2;        // k-boxes per stage
   static constexpr int BK = kBlockK * KB;  // K per stage: a k-block
-  static constexpr bool SPLIT_K = ROWS == kHalfTileRows;  // the consumers split each stage's k-boxes
+  static constexpr bool SPLIT_K = ROWS == kStreamkHalfTileRows;  // the consumers split each stage's k-boxes
   static constexpr int CONSUMER_BOXES = SPLIT_K ? KB / kConsumers : KB;  // k-boxes each consumer multiplies
   static constexpr int WEIGHT_BOX_BYTES = ROWS * kBlockK * 2;
   static constexpr int TOKEN_BOX_BYTES = BT * kBlockK * 2;
@@ -80,11 +78,11 @@ struct StreamKShape {
   static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8 + 4 * kConsumers;
   static_assert(STAGE_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
   static_assert(STAGES >= 2, "a ring of at least two stages");
-  static_assert(ROWS == kTileRows || ROWS == kHalfTileRows, "tiles of 128 or 64 weight rows");
+  static_assert(ROWS == kStreamkTileRows || ROWS == kStreamkHalfTileRows, "tiles of 128 or 64 weight rows");
   static_assert(!SPLIT_K || KB % kConsumers == 0, "the consumers split a stage's k-boxes evenly");
   static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
-  static_assert(2 * kTileRows * BT * 4 <= kStreamKPartialBytesPerSm, "two partial-sum slots per SM");
-  static_assert(kTileRows * BT * 4 <= STAGES * STAGE_BYTES, "a cluster's part of a tile fits in the ring");
+  static_assert(2 * kStreamkTileRows * BT * 4 <= kStreamKPartialBytesPerSm, "two partial-sum slots per SM");
+  static_assert(kStreamkTileRows * BT * 4 <= STAGES * STAGE_BYTES, "a cluster's part of a tile fits in the ring");
 };
 
 // The stream-K cut: `total` work items (k-blocks of tiles, tile after tile,
@@ -216,7 +214,7 @@ __device__ __forceinline__ void reduce_in_cluster(const MatmulProblem& p, char* 
 // One consumer's half of a partial-sum slot: its 64 x BT floats (store_partial_sums).
 template <int BT>
 __device__ __forceinline__ float4* partial_of(const MatmulProblem& p, int64_t slot, int consumer) {
-  return reinterpret_cast<float4*>(p.partials + (slot * kTileRows + consumer * 64) * BT);
+  return reinterpret_cast<float4*>(p.partials + (slot * kStreamkTileRows + consumer * 64) * BT);
 }
 
 // The instrumented build's record of a segment, once both consumers are
@@ -487,21 +485,22 @@ bool clusters_resident(int64_t cluster, int64_t tiles, int device) {
 // resident (streamk_clustered_cut), else stream-K over 128-row tiles, one CTA
 // an SM, each with at least one work item (a k-block of a tile, as deep at
 // every BT).
-constexpr int kItemK = StreamKShape<8, kTileRows>::BK;
+constexpr int kItemK = StreamKShape<8, kStreamkTileRows>::BK;
+static_assert(kItemK == kStreamkBlockK, "a work item is the k-block the rule in rungs.h counts");
 template <int BT>
 WorkCut work_cut(int64_t n, int64_t token_tiles, int64_t k, int device) {
   const int64_t sms = tc::sm_count(device);
   const int64_t k_blocks = k < 1 ? sms : ceil_div(k, int64_t(kItemK));
   if (kClusteredCutBuilt) {
     const auto resident = [&](int64_t rows, int64_t cluster, int64_t tiles) {
-      return rows == kTileRows ? clusters_resident<BT, kTileRows>(cluster, tiles, device)
-                               : clusters_resident<BT, kHalfTileRows>(cluster, tiles, device);
+      return rows == kStreamkTileRows ? clusters_resident<BT, kStreamkTileRows>(cluster, tiles, device)
+                                      : clusters_resident<BT, kStreamkHalfTileRows>(cluster, tiles, device);
     };
     const StreamkCut cut = streamk_clustered_cut(n, token_tiles, k_blocks, sms, resident);
     if (cut.ctas > 0) return {cut.ctas, int(cut.cluster), int(cut.rows)};
   }
-  const int64_t tiles = ceil_div(n, int64_t(kTileRows)) * token_tiles;
-  return {k < 1 ? sms : min_i64(tiles * k_blocks, sms), 1, kTileRows};
+  const int64_t tiles = ceil_div(n, int64_t(kStreamkTileRows)) * token_tiles;
+  return {k < 1 ? sms : min_i64(tiles * k_blocks, sms), 1, kStreamkTileRows};
 }
 
 template <typename T, int BT, int ROWS, bool TIMELINE>
@@ -518,8 +517,8 @@ cudaError_t launch_cut(const MatmulProblem& p, const WorkCut& cut, cudaStream_t 
 template <typename T, int BT, bool TIMELINE>
 cudaError_t launch_typed(const MatmulProblem& p, cudaStream_t stream, int device) {
   const WorkCut cut = work_cut<BT>(p.n, ceil_div(p.m, BT), p.k, device);
-  return cut.rows == kHalfTileRows ? launch_cut<T, BT, kHalfTileRows, TIMELINE>(p, cut, stream, device)
-                                   : launch_cut<T, BT, kTileRows, TIMELINE>(p, cut, stream, device);
+  return cut.rows == kStreamkHalfTileRows ? launch_cut<T, BT, kStreamkHalfTileRows, TIMELINE>(p, cut, stream, device)
+                                          : launch_cut<T, BT, kStreamkTileRows, TIMELINE>(p, cut, stream, device);
 }
 
 template <typename T>

@@ -115,9 +115,10 @@ inline bool streamk_runs_clustered(const DeviceFacts& d, int64_t m, int64_t n, i
   if (!d.streamk_clusters || m > kStreamkClusteredMaxTokens) return false;
   const auto taken = [&](int64_t rows, int64_t cluster, int64_t) {  // the launch asks whether they are resident
     if (m > kSplitkAutoTokens) return true;
-    return rows == kWgmmaTileRows ? cluster <= 2 : (cluster > 2 || k > kSplitkShortRowsK);
+    return rows == kStreamkTileRows ? cluster <= 2 : (cluster > 2 || k > kSplitkShortRowsK);
   };
-  return streamk_clustered_cut(n, 1, (k + 127) / 128, d.sms, taken).ctas > 0;
+  const int64_t k_blocks = (k + kStreamkBlockK - 1) / kStreamkBlockK;
+  return streamk_clustered_cut(n, 1, k_blocks, d.sms, taken).ctas > 0;
 }
 
 // kernel="auto": the skinny-product rungs for few tokens against K-major
