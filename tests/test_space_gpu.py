@@ -54,14 +54,18 @@ def test_gpu_work_on_gpu(monkeypatch, tmp_path):
         pm, _ = gpu_work.load_kernel()
         expected = 1 if built_with_cuda12(Path(pm.__file__).parent) else 2
         assert timeline["kernels"]["wgmma_persistent"]["cluster_size"] == expected
-        # A decode shape: stream-K cuts each of its 32 tiles into parts on several SMs.
+        # A decode shape: the cut splits every tile (32 of 128 weight rows, or 64 of 64 rows
+        # where those fill more SMs: pairs on 132 SMs) into parts on several SMs.
         import timeline_data
 
         decode = gpu_work.run_timeline(16, 4096, 4096, ("wgmma_streamk",))
         assert decode["error"] is None, decode["error"]
         streamk = decode["kernels"]["wgmma_streamk"]
-        assert streamk["tile_config"]["block_m"] == 16 and streamk["tile_config"]["tiles"] == 32
-        assert timeline_data.split_tiles(streamk["parts"]) == 32 and streamk["ms"] > 0
+        cfg = streamk["tile_config"]
+        assert cfg["block_m"] == 16 and cfg["block_n"] in (64, 128) and cfg["tiles"] == 4096 // cfg["block_n"]
+        if timeline["sm_count"] == 132:
+            assert (cfg["block_n"], cfg["cluster_size"]) == (64, 2), cfg
+        assert timeline_data.split_tiles(streamk["parts"]) == cfg["tiles"] and streamk["ms"] > 0
         assert streamk["grid"] == streamk["tile_config"]["persistent_ctas"]
     else:
         assert "does not run here" in timeline["kernels"]["wgmma"]["note"]
