@@ -181,11 +181,14 @@ def test_auto_takes_the_skinny_rungs_where_choose_kernel_says(pm, gen):
     # On an H100 or H200 (132 SMs): 8192 weight rows (64 tiles) run wgmma_streamk's clustered
     # cut in pairs, up to 64 tokens but for splitk's bulk kernel at up to 8 tokens against
     # short rows; 20000 x 4096 is 80 M elements; 1024 rows (16 tiles of 64) run clusters of 8
-    # from 33 tokens on, 640 rows (10 tiles) fill too few SMs.
+    # from one token on (splitk's 64 CTAs fill too few SMs) up to 128, 640 rows (10 tiles) fill
+    # too few SMs; 4096 rows run 64-row pairs up to 128 tokens, 6144 rows' 128-row pairs to 64.
     expected = {(4, 8192, 1024): "splitk", (16, 8192, 1024): "wgmma_streamk", (32, 8192, 1024): "wgmma_streamk",
                 (64, 8192, 1024): "wgmma_streamk", (300, 8192, 1024): "wgmma_persistent",
                 (8, 20000, 4096): "splitk", (16, 20000, 4096): "wgmma_streamk", (1, 10000, 8192): "wgmma_streamk",
-                (48, 1024, 14336): "wgmma_streamk", (48, 640, 14336): "wgmma_persistent"}
+                (48, 1024, 14336): "wgmma_streamk", (48, 640, 14336): "wgmma_persistent",
+                (1, 1024, 4096): "wgmma_streamk", (128, 1024, 4096): "wgmma_streamk",
+                (128, 4096, 4096): "wgmma_streamk", (96, 6144, 4096): "wgmma_persistent"}
     for (m, n, k), rung_here in expected.items():
         rung = choose(props.major, props.minor, props.multi_processor_count, torch.bfloat16, m, n, k, True)
         a, b = random_operands(m, n, k, torch.bfloat16, DEVICE, b_transposed=True, generator=gen)

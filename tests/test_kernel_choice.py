@@ -39,14 +39,14 @@ def test_readme_table_is_what_the_op_entry_chooses(pm, repo_root):
 def test_splitk_from_1024_weight_rows(pm, sms):
     """splitk is chosen up to its token limit and from N = 1024 on (64 CTAs of 16 weight
     rows), for K-major weights only, whatever the SM count (a 60-SM slice, an RTX Pro
-    6000's 188), where wgmma_streamk is not."""
+    6000's 188), where wgmma_streamk is not (K = 512: too short for a clustered cut)."""
     choose = pm._matmul.ops.choose_kernel
-    assert choose(9, 0, sms, torch.bfloat16, 1, 1024, 4096, True) == "splitk"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 1024, 512, True) == "splitk"
     assert choose(9, 0, sms, torch.bfloat16, 32, 1024, 512, True) == "splitk"
     assert choose(9, 0, sms, torch.bfloat16, 33, 1024, 4096, True) != "splitk"
-    assert choose(9, 0, sms, torch.bfloat16, 65, 1024, 4096, True) == "wgmma_persistent"
-    assert choose(9, 0, sms, torch.bfloat16, 1, 1023, 4096, True) == "wgmma_persistent"
-    assert choose(9, 0, sms, torch.bfloat16, 1, 1024, 4096, False) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 129, 1024, 4096, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 1023, 512, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 1, 1024, 512, False) == "wgmma_persistent"
     assert choose(8, 0, sms, torch.float16, 1, 1024, 4096, True) == "splitk"
     assert choose(8, 0, sms, torch.float16, 1, 1023, 4096, True) == "persistent"
 
@@ -70,7 +70,7 @@ def test_streamk_for_large_weights_on_hopper_only(pm, sms):
     assert choose(9, 0, sms, torch.bfloat16, 1, *big, False) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.float32, 1, *big, True) == "warptiled"
     assert choose(9, 0, sms, torch.bfloat16, 16, 9000, 8192, True) == "splitk"  # 73.7 M elements, no cluster fits
-    assert choose(9, 0, sms, torch.bfloat16, 65, 4096, 14336, True) == "wgmma_persistent"
+    assert choose(9, 0, sms, torch.bfloat16, 129, 4096, 14336, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 65, 8192, 28672, True) == "wgmma_persistent"
     assert choose(9, 0, sms, torch.bfloat16, 32, 8192, 28672, True) == "wgmma_streamk"
     for major, minor in ((8, 0), (10, 0), (12, 0)):
@@ -82,8 +82,9 @@ def test_streamk_where_its_clustered_cut_runs(pm):
     tile of 128 or 64 weight rows, at least two k-blocks (of 128) deep each, fill 2/3 to all
     of the SMs: from one token on 128-row tiles in pairs or whole (44 to 132 tiles) and
     64-row tiles in clusters of 3 to 8, or in pairs against rows longer than 4096; any
-    cluster of up to 8 from 33 tokens on; splitk's bulk kernel keeps up to 8 tokens against
-    rows of at most 4096; past 64 tokens the tile rungs."""
+    cluster of up to 8 from 33 tokens on, and of 64-row tiles up to 128 tokens; splitk's bulk
+    kernel keeps up to 8 tokens against rows of at most 4096 where its CTAs (16 rows each)
+    fill 2/3 of the SMs; past that the tile rungs."""
     choose = pm._matmul.ops.choose_kernel
     for m in (1, 9, 32, 64):
         assert choose(9, 0, 132, torch.bfloat16, m, 8192, 8192, True) == "wgmma_streamk"  # 64 tiles, pairs
@@ -106,14 +107,23 @@ def test_streamk_where_its_clustered_cut_runs(pm):
     for m in (9, 32):  # 16 and 24 64-row tiles in clusters of 8 and 5, where splitk runs 64 and 96 CTAs
         assert choose(9, 0, 132, torch.bfloat16, m, 1024, 4096, True) == "wgmma_streamk"
         assert choose(9, 0, 132, torch.bfloat16, m, 1536, 4096, True) == "wgmma_streamk"
-    assert choose(9, 0, 132, torch.bfloat16, 8, 1024, 4096, True) == "splitk"  # its bulk kernel
+    assert choose(9, 0, 132, torch.bfloat16, 8, 1536, 4096, True) == "splitk"  # its bulk kernel: 96 CTAs
+    assert choose(9, 0, 132, torch.bfloat16, 8, 1408, 4096, True) == "splitk"  # 88 CTAs: 2/3 of 132
+    assert choose(9, 0, 132, torch.bfloat16, 8, 1392, 4096, True) == "wgmma_streamk"  # 87 CTAs
+    for m in (1, 8):  # 64 CTAs: 64-row tiles in clusters of 8 instead
+        assert choose(9, 0, 132, torch.bfloat16, m, 1024, 4096, True) == "wgmma_streamk"
     assert choose(9, 0, 132, torch.bfloat16, 1, 1024, 14336, True) == "wgmma_streamk"
     assert choose(9, 0, 132, torch.bfloat16, 32, 40 * 128, 1024, True) == "splitk"  # 128-row, clusters of 3
     assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 128, 2048, True) == "wgmma_streamk"  # 22 64-row tiles, 6 each
     assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 64, 2048, True) == "wgmma_streamk"  # clusters of 8
     assert choose(9, 0, 132, torch.bfloat16, 33, 10 * 64, 2048, True) == "wgmma_persistent"  # 80 CTAs
     assert choose(9, 0, 132, torch.bfloat16, 33, 11 * 64, 1920, True) == "wgmma_persistent"  # parts of 1.9
-    assert choose(9, 0, 132, torch.bfloat16, 65, 4096, 4096, True) == "wgmma_persistent"
+    for m in (65, 128):  # 64-row tiles: pairs, clusters of 8
+        assert choose(9, 0, 132, torch.bfloat16, m, 4096, 4096, True) == "wgmma_streamk"
+        assert choose(9, 0, 132, torch.bfloat16, m, 1024, 4096, True) == "wgmma_streamk"
+    assert choose(9, 0, 132, torch.bfloat16, 129, 4096, 4096, True) == "wgmma_persistent"
+    assert choose(9, 0, 132, torch.bfloat16, 65, 8192, 8192, True) == "wgmma_persistent"  # 128-row pairs
+    assert choose(9, 0, 132, torch.bfloat16, 65, 6144, 4096, True) == "wgmma_persistent"
     assert choose(9, 0, 132, torch.bfloat16, 64, 8192, 8192, False) == "wgmma_persistent"  # N-major weights
     assert choose(8, 0, 108, torch.bfloat16, 16, 8192, 8192, True) == "splitk"  # no sm_90a
 

@@ -89,13 +89,21 @@ constexpr int64_t kSplitkAutoMinRows = 1024;
 constexpr int64_t kStreamkAutoMinWeights = 80 * 1000 * 1000;
 
 // Except up to 8 tokens (kSplitkBulkMaxTokens) against rows of at most 4096
-// elements, where splitk runs its bulk kernel, with programmatic launches: H100,
+// elements, where splitk runs its bulk kernel, with programmatic launches, if
+// its CTAs (16 weight rows each) fill at least 2/3 of the SMs: H100,
 // CUDA graphs, 1, 4 and 8 tokens against 28672 x 4096 (8B gate_up) ran
 // 80.9-81.9 us against wgmma_streamk's 83.8-84.1, while at 10240 x 8192
 // (70B qkv) splitk ran 62.2-63.6 against 62.3-62.4 and from 16 tokens on
 // (its register kernel) it fell behind at both (benchmarks/NOTES.md, "Why a
-// stream-K rung for decode on Hopper").
+// stream-K rung for decode on Hopper"). With fewer, wgmma_streamk's clustered
+// cut: at 1024 x 4096 (64 splitk CTAs for 132 SMs; 64-row tiles in clusters
+// of 8) it ran 1 and 8 tokens in 7.4 and 7.0 us against splitk's 8.2 and
+// 7.7, while at 1536 x 4096 (96 CTAs) splitk kept one token, 8.0 against 8.5.
 constexpr int64_t kSplitkShortRowsK = 4096;
+constexpr int64_t kSplitkRowsPerCta = 16;
+inline bool splitk_bulk_fills(const DeviceFacts& d, int64_t n) {
+  return 3 * ((n + kSplitkRowsPerCta - 1) / kSplitkRowsPerCta) >= 2 * d.sms;
+}
 
 // And wgmma_streamk up to 64 tokens where it runs its clustered cut (one
 // token tile; streamk_clustered_cut), but up to 32 tokens not in clusters of
@@ -109,11 +117,16 @@ constexpr int64_t kSplitkShortRowsK = 4096;
 // (4096 x 4096) 19% ahead of wgmma_persistent at 64, but 5-8% behind splitk
 // at 16-32; 64-row tiles in clusters of 5 to 8 (1024 and 1536 rows, whose
 // 64 or 96 splitk CTAs fill too few SMs) ran 16-63% ahead of splitk at 32
-// tokens and 2.0-3.6x ahead of wgmma_persistent at 48-64.
+// tokens and 2.0-3.6x ahead of wgmma_persistent at 48-64. Cuts of 64-row
+// tiles up to 128 tokens (kStreamkHalfTileMaxTokens): at 128 they ran
+// 1024 x 4096 19% and 8B o and 8B down 2% ahead of wgmma_persistent, while
+// 128-row pairs ran 8B qkv (6144 x 4096) 19% and 70B o 8% behind it.
 constexpr int64_t kStreamkClusteredMaxTokens = 64;
+constexpr int64_t kStreamkHalfTileMaxTokens = 128;
 inline bool streamk_runs_clustered(const DeviceFacts& d, int64_t m, int64_t n, int64_t k) {
-  if (!d.streamk_clusters || m > kStreamkClusteredMaxTokens) return false;
+  if (!d.streamk_clusters || m > kStreamkHalfTileMaxTokens) return false;
   const auto taken = [&](int64_t rows, int64_t cluster, int64_t) {  // the launch asks whether they are resident
+    if (m > kStreamkClusteredMaxTokens) return rows == kStreamkHalfTileRows;
     if (m > kSplitkAutoTokens) return true;
     return rows == kStreamkTileRows ? cluster <= 2 : (cluster > 2 || k > kSplitkShortRowsK);
   };
@@ -128,7 +141,7 @@ inline bool streamk_runs_clustered(const DeviceFacts& d, int64_t m, int64_t n, i
 inline std::optional<Rung> choose_auto(const DeviceFacts& d, ElementType t, int64_t m, int64_t n, int64_t k,
                                        bool b_kmajor) {
   const bool half = t != ElementType::kFloat32;
-  const bool splitk_streams_faster = m <= kSplitkBulkMaxTokens && k <= kSplitkShortRowsK;
+  const bool splitk_streams_faster = m <= kSplitkBulkMaxTokens && k <= kSplitkShortRowsK && splitk_bulk_fills(d, n);
   const bool streamk_faster = (m <= kSplitkAutoTokens && n * k >= kStreamkAutoMinWeights) ||
                               streamk_runs_clustered(d, m, n, k);
   if (half && b_kmajor && streamk_faster && !splitk_streams_faster && rung_runs_on(Rung::kWgmmaStreamk, d)) {
