@@ -133,6 +133,8 @@ bool splitk_operands_ok(const MatmulProblem& problem);
 // bulk copies where the GPU has them (compute capability 9.0 and newer;
 // csrc/splitk.cu), else through registers.
 constexpr int64_t kSplitkBulkMaxTokens = 8;
+// Weight rows (output columns) each splitk CTA takes: one MMA's M.
+constexpr int64_t kSplitkRowsPerCta = 16;
 // Rung 8, Hopper only (sm_90a): skinny products on TMA + wgmma, the weights
 // as wgmma's A operand, the work cut evenly over the SMs (stream-K). Same
 // operand rules as splitk (splitk_operands_ok); needs the workspace

@@ -42,7 +42,7 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = 16;   // weight rows (output columns) per CTA: one MMA's M
+constexpr int kRows = int(kSplitkRowsPerCta);  // weight rows (output columns) per CTA
 constexpr int kStepK = 64;  // K per k-step: 128 bytes of a row, 16 elements per lane
 
 // 16 bytes from global memory. Weights are read once: they bypass L1. The

@@ -100,7 +100,6 @@ constexpr int64_t kStreamkAutoMinWeights = 80 * 1000 * 1000;
 // of 8) it ran 1 and 8 tokens in 7.4 and 7.0 us against splitk's 8.2 and
 // 7.7, while at 1536 x 4096 (96 CTAs) splitk kept one token, 8.0 against 8.5.
 constexpr int64_t kSplitkShortRowsK = 4096;
-constexpr int64_t kSplitkRowsPerCta = 16;
 inline bool splitk_bulk_fills(const DeviceFacts& d, int64_t n) {
   return 3 * ((n + kSplitkRowsPerCta - 1) / kSplitkRowsPerCta) >= 2 * d.sms;
 }
