@@ -10,7 +10,8 @@
 // * loads both by TMA: one thread of a producer warp fills a ring of
 //   shared-memory stages (32 KB of weights each, 2 to 5 of them) that the
 //   consumers free as soon as their wgmmas have read them, so every SM keeps
-//   up to 160 KB of weights in flight;
+//   up to 160 KB of weights in flight; the weights, read once, are marked to
+//   leave L2 first and the tokens, read by every weight tile, to stay;
 // * cuts the work, the (tile, stage of K) pairs tile after tile, into one
 //   stretch of equal length per SM (stream-K), so every SM streams the same
 //   number of weight bytes whatever the number of tiles (a 4096-row
