@@ -8,9 +8,10 @@
 //   narrowest wgmma (8, 16, 32, 64, 128 or 256 columns) that holds all M of
 //   them: one token costs m64n8k16 wgmmas, not a 128-row tile of padding;
 // * loads both by TMA: one thread of a producer warp fills a ring of
-//   shared-memory stages (32 KB of weights each, 2 to 5 of them) that the
-//   consumers free as soon as their wgmmas have read them, so every SM keeps
-//   up to 160 KB of weights in flight; the weights, read once, are marked to
+//   shared-memory stages (32 KB of weights each, 2 to 5 of them, or with
+//   64-row tiles 16 KB, 4 to 11) that the consumers free as soon as their
+//   wgmmas have read them, so every SM keeps up to 160-176 KB of weights in
+//   flight; the weights, read once, are marked to
 //   leave L2 first and the tokens, read by every weight tile, to stay;
 // * cuts the work, the (tile, stage of K) pairs tile after tile, into one
 //   stretch of equal length per SM (stream-K), so every SM streams the same
