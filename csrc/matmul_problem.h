@@ -155,14 +155,19 @@ constexpr int64_t kStreamkTileRows = 128;
 constexpr int64_t kStreamkHalfTileRows = 64;
 // K of one work item of wgmma_streamk's cut (a k-block: two TMA boxes of 64).
 constexpr int64_t kStreamkBlockK = 128;
+// Whether `ctas` CTAs fill at least 2/3 of `sms` SMs: the least that the
+// skinny rungs' cuts are given (cuBLAS runs 96 CTAs at 6144 weight rows on
+// 132 SMs).
+inline bool fills_two_thirds(int64_t ctas, int64_t sms) { return 3 * ctas >= 2 * sms; }
 // Whether wgmma_streamk can cut `tiles` tiles of k_blocks k-blocks
 // `cluster` CTAs a tile, in clusters of as many (the clustered cut): the CTAs
-// fit the SMs once and fill at least 2/3 of them (cuBLAS runs 96 CTAs at
-// 6144 weight rows on 132 SMs), each part at least two k-blocks deep. The
-// launch also needs the clusters resident at once, which the runtime says.
+// fit the SMs once and fill at least 2/3 of them (fills_two_thirds), each
+// part at least two k-blocks deep. The launch also needs the clusters
+// resident at once, which the runtime says.
 inline bool streamk_cluster_fits(int64_t tiles, int64_t k_blocks, int64_t cluster, int64_t sms) {
   const int64_t ctas = tiles * cluster;
-  return cluster >= 1 && cluster <= 8 && ctas <= sms && 3 * ctas >= 2 * sms && (cluster == 1 || 2 * cluster <= k_blocks);
+  return cluster >= 1 && cluster <= 8 && ctas <= sms && fills_two_thirds(ctas, sms) &&
+         (cluster == 1 || 2 * cluster <= k_blocks);
 }
 
 // A clustered cut of wgmma_streamk: `ctas` CTAs in clusters of `cluster`,

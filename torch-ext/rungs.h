@@ -101,7 +101,7 @@ constexpr int64_t kStreamkAutoMinWeights = 80 * 1000 * 1000;
 // 7.7, while at 1536 x 4096 (96 CTAs) splitk kept one token, 8.0 against 8.5.
 constexpr int64_t kSplitkShortRowsK = 4096;
 inline bool splitk_bulk_fills(const DeviceFacts& d, int64_t n) {
-  return 3 * ((n + kSplitkRowsPerCta - 1) / kSplitkRowsPerCta) >= 2 * d.sms;
+  return fills_two_thirds((n + kSplitkRowsPerCta - 1) / kSplitkRowsPerCta, d.sms);
 }
 
 // And wgmma_streamk up to 64 tokens where it runs its clustered cut (one
