@@ -41,8 +41,10 @@ struct MatmulProblem {
   uint32_t* tile_counter = nullptr;
   float* partials = nullptr;
   uint32_t* partial_flags = nullptr;
-  // `wgmma_persistent` only: 1 (no clusters), 2 (CTA pairs share B by TMA
+  // `wgmma_persistent`: 1 (no clusters), 2 (CTA pairs share B by TMA
   // multicast), or 0 (the default: the launch picks, wgmma_cluster_size_for).
+  // `wgmma_streamk`: 1 (its stream-K cut over 128-row tiles, no clusters) or
+  // 0 (the default: the clustered cut where one fits, streamk_clustered_cut).
   int32_t cluster_size = 0;
 };
 
@@ -143,8 +145,9 @@ cudaError_t launch_wgmma_streamk(const MatmulProblem& problem, cudaStream_t stre
 // wgmma_streamk's tiles are 128 weight rows (output columns, N), or 64 in
 // the clustered cut where that runs more CTAs (streamk_clustered_cut), by the
 // token tile it launches for M (output rows); its grid depends on K too
-// (k < 1: K deep enough to give every SM work).
-TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device);
+// (k < 1: K deep enough to give every SM work); `clusters` false: the cut of
+// a launch with cluster_size 1 (no clusters).
+TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device, bool clusters = true);
 // Whether this build runs wgmma_streamk's clustered cut (below; CUDA 13
 // builds), else its stream-K cut everywhere.
 bool wgmma_streamk_clusters_built();

@@ -488,17 +488,17 @@ bool clusters_resident(int64_t cluster, int64_t tiles, int device) {
 }
 
 // The cut of n weight rows by `token_tiles` token tiles, K deep (k < 1: deep
-// enough for every SM): the clustered cut with the most CTAs that fits and is
-// resident (streamk_clustered_cut), else stream-K over 128-row tiles, one CTA
-// an SM, each with at least one work item (a k-block of a tile, as deep at
-// every BT).
+// enough for every SM): where `clusters` allows, the clustered cut with the
+// most CTAs that fits and is resident (streamk_clustered_cut), else stream-K
+// over 128-row tiles, one CTA an SM, each with at least one work item (a
+// k-block of a tile, as deep at every BT).
 constexpr int kItemK = StreamKShape<8, kStreamkTileRows>::BK;
 static_assert(kItemK == kStreamkBlockK, "a work item is the k-block the rule in rungs.h counts");
 template <int BT>
-WorkCut work_cut(int64_t n, int64_t token_tiles, int64_t k, int device) {
+WorkCut work_cut(int64_t n, int64_t token_tiles, int64_t k, int device, bool clusters) {
   const int64_t sms = tc::sm_count(device);
   const int64_t k_blocks = k < 1 ? sms : ceil_div(k, int64_t(kItemK));
-  if (kClusteredCutBuilt) {
+  if (kClusteredCutBuilt && clusters) {
     const auto resident = [&](int64_t rows, int64_t cluster, int64_t tiles) {
       return rows == kStreamkTileRows ? clusters_resident<BT, kStreamkTileRows>(cluster, tiles, device)
                                       : clusters_resident<BT, kStreamkHalfTileRows>(cluster, tiles, device);
@@ -523,7 +523,7 @@ cudaError_t launch_cut(const MatmulProblem& p, const WorkCut& cut, cudaStream_t 
 
 template <typename T, int BT, bool TIMELINE>
 cudaError_t launch_typed(const MatmulProblem& p, cudaStream_t stream, int device) {
-  const WorkCut cut = work_cut<BT>(p.n, ceil_div(p.m, BT), p.k, device);
+  const WorkCut cut = work_cut<BT>(p.n, ceil_div(p.m, BT), p.k, device, p.cluster_size != 1);
   return cut.rows == kStreamkHalfTileRows ? launch_cut<T, BT, kStreamkHalfTileRows, TIMELINE>(p, cut, stream, device)
                                           : launch_cut<T, BT, kStreamkTileRows, TIMELINE>(p, cut, stream, device);
 }
@@ -551,12 +551,12 @@ cudaError_t launch_wgmma_streamk(const MatmulProblem& problem, cudaStream_t stre
 
 bool wgmma_streamk_clusters_built() { return kClusteredCutBuilt; }
 
-TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device) {
+TileConfig wgmma_streamk_tile_config(int64_t m, int64_t n, int64_t k, int device, bool clusters) {
   TileConfig cfg;
   cfg.block_m = token_tile_for(m);
   cfg.block_k = kItemK;
-  const WorkCut cut =
-      with_token_tile(m, [&](auto bt) { return work_cut<decltype(bt)::value>(n, ceil_div(m, cfg.block_m), k, device); });
+  const WorkCut cut = with_token_tile(
+      m, [&](auto bt) { return work_cut<decltype(bt)::value>(n, ceil_div(m, cfg.block_m), k, device, clusters); });
   cfg.block_n = cut.rows;
   cfg.tiles = ceil_div(m, cfg.block_m) * ceil_div(n, int64_t(cut.rows));
   cfg.persistent_ctas = cut.ctas;

@@ -24,7 +24,10 @@ torch/CUDA versions and commit in the header):
   with a static KV cache (512 tokens of prompt) at batch 1 and 32, eager and as a
   captured CUDA graph, torch's nn.Linear against every Linear kernelized to
   MatmulLinear: two models with the same weights, timed in interleaved rounds (the
-  median kept); logits compared (normwise relative error).
+  median kept); logits compared (normwise relative error). Below it, per decode step,
+  the graph ratio no kernelized model can beat: torch's forward with its Linear layers
+  skipped, plus their weights read at the copy bandwidth. The shapes part gives the
+  same bound per decode case (each case's bytes at the copy bandwidth).
 
     python scripts/model_benchmark.py [--parts host shapes model] [--kernels auto] [--out DIR] [--tag T]
 
@@ -217,7 +220,7 @@ def bench_projection(pm, name: str, n: int, k: int, ms: tuple[int, ...], kernels
             graph = {col: [t / graph_calls[col] for t in times.get(f"{col} graph", [])] for col in runners}
             del timed
         flop = 2.0 * m * n * k
-        moved = 2.0 * (n * k + m * k + m * n)
+        moved = bytes_moved(m, n, k)
         for col in runners:
             res = row["results"][col]
             for mode, times in (("eager", eager[col]), ("graph", graph[col])):
@@ -241,6 +244,20 @@ def bench_projection(pm, name: str, n: int, k: int, ms: tuple[int, ...], kernels
     del weights
     torch.cuda.empty_cache()
     return rows
+
+
+def bytes_moved(m: int, n: int, k: int) -> float:
+    """The bytes an m x n x k bf16 product reads and writes, each once: weights, x and output."""
+    return 2.0 * (n * k + m * k + m * n)
+
+
+def copy_speed_ceiling(rows: list[dict], mode: str, copy_gbs: float) -> tuple[float, float]:
+    """The geomean and the highest ratio to torch's ``mode`` times that a kernel would
+    reach if it moved each case's bytes (bytes_moved) at the copy bandwidth and cost
+    nothing else: what no kernel can beat where the weights must come from memory."""
+    ratios = [r["results"]["torch"][f"{mode}_us"] * 1e-6 / (bytes_moved(r["m"], r["n"], r["k"]) / (copy_gbs * 1e9))
+              for r in rows if r["results"]["torch"].get(f"{mode}_us")]
+    return (geomean(ratios), max(ratios)) if ratios else (math.nan, math.nan)
 
 
 def clock_cell(row: dict) -> str:
@@ -282,6 +299,10 @@ def shapes_markdown(rows: list[dict], kernels: list[str], copy_gbs: float) -> li
                                 if r["results"][kernel].get(f"{mode}_ratio"))
                     lines.append(f"- {label} set, {mode}: geomean ratio {geomean(ratios):.3f} over {len(ratios)} "
                                  f"cases; lowest {worst[0]:.2f} ({worst[1]}, M={worst[2]})")
+                    if label == "decode":
+                        ceiling, highest = copy_speed_ceiling(sub, mode, copy_gbs)
+                        lines.append(f"  - at most {ceiling:.3f} (highest {highest:.2f}): the ratio of a kernel "
+                                     f"that moved each case's bytes at the copy bandwidth and cost nothing else")
         small = [r["results"][kernel].get("graph_gbs") for r in rows if r["m"] <= 16]
         small = [x for x in small if x]
         if small:
@@ -438,6 +459,58 @@ def model_benchmark(build_dir: Path, layers: int, iters: int, rounds: int) -> li
     return rows
 
 
+def linear_weight_bytes(model) -> int:
+    """The bytes of every nn.Linear weight of ``model``: what a decode step must read."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def skip_linears(model) -> None:
+    """Make every nn.Linear of ``model`` return an uninitialised tensor of its output's
+    shape: a forward then costs what everything but its Linear layers does."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.forward = lambda x, features=m.out_features: x.new_empty(*x.shape[:-1], features)
+
+
+def decode_bound(layers: int, iters: int, rounds: int, copy_gbs: float) -> dict[str, dict]:
+    """Per decode case, what bounds any kernelized model in graph mode: torch's model
+    with its Linear layers skipped (median ms of ``rounds`` rounds of captured
+    forwards), plus the Linear weights' bytes at the copy bandwidth, the least a
+    forward that reads them can take."""
+    from transformers import LlamaForCausalLM
+
+    config = llama3_8b_config(layers)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(DTYPE).eval()
+    weight_bytes = linear_weight_bytes(model)
+    skip_linears(model)
+    bounds = {}
+    for name, _, forward, prefill in model_cases(model, config, prefills=()):
+        with torch.no_grad():
+            rest_ms = statistics.median(time_case(forward, prefill, True, iters)[1] for _ in range(rounds))
+        bounds[name] = {"graph_ms_without_linears": rest_ms, "linear_weight_bytes": weight_bytes,
+                        "linear_ms_at_copy_bandwidth": weight_bytes / (copy_gbs * 1e9) * 1e3}
+    del model
+    torch.cuda.empty_cache()
+    return bounds
+
+
+def decode_bound_lines(rows: list[dict], bounds: dict[str, dict]) -> list[str]:
+    """A line per decode case with a bound: the graph ratio no kernelized model can beat."""
+    lines = []
+    for r in rows:
+        b = bounds.get(r["case"])
+        if b is None or "torch_graph_ms" not in r:
+            continue
+        least = b["graph_ms_without_linears"] + b["linear_ms_at_copy_bandwidth"]
+        lines.append(f"- {r['case']}, graph: at most {r['torch_graph_ms'] / least:.3f}. Without its Linear layers "
+                     f"torch's forward takes {b['graph_ms_without_linears']:.3f} ms; their weights "
+                     f"({b['linear_weight_bytes'] / 1e9:.2f} GB) take {b['linear_ms_at_copy_bandwidth']:.3f} ms "
+                     f"at the copy bandwidth.")
+    return lines + ([""] if lines else [])
+
+
 def model_markdown(rows: list[dict], layers: int, iters: int, rounds: int) -> list[str]:
     lines = [f"## Llama-3-8B-shaped model ({layers} layers, random weights), bf16", "",
              f"CUDA events, median of {iters} forwards (eager) or graph replays, the median of {rounds} rounds "
@@ -513,6 +586,10 @@ def main(argv: list[str] | None = None) -> int:
     if "model" in args.parts:
         report["model"] = model_benchmark(args.build, args.layers, args.iters, args.rounds)
         lines += model_markdown(report["model"], args.layers, args.iters, args.rounds)
+        if "copy_gbs" not in env:
+            env["copy_gbs"] = copy_bandwidth()
+        report["decode_bound"] = decode_bound(args.layers, args.iters, args.rounds, env["copy_gbs"])
+        lines += decode_bound_lines(report["model"], report["decode_bound"])
     env["clocks_at_end"] = gpu_clocks()
     lines.append(f"Clocks at the end: {env['clocks_at_end']}")
     text = "\n".join(lines) + "\n"

@@ -646,6 +646,56 @@ def test_model_benchmark_shape_table_gives_each_case_its_clock_and_power():
                for line in lines)
 
 
+def test_model_benchmark_decode_set_names_the_copy_bandwidth_ceiling():
+    """Below each decode-set geomean: the ratio a kernel moving each case's bytes
+    (weights, x, output) at the copy bandwidth would reach against torch's times."""
+    import model_benchmark
+
+    def case(m, torch_us):
+        results = {"torch": {"rel_error": 0.0, "eager_us": 2 * torch_us, "graph_us": torch_us},
+                   "auto": {"rel_error": 1e-3, "eager_us": torch_us, "graph_us": torch_us,
+                            "eager_ratio": 2.0, "graph_ratio": 1.0, "graph_tflops": 1.0, "graph_gbs": 100.0}}
+        return {"projection": "8B o", "m": m, "n": 4096, "k": 4096, "results": results, "clocks_after": {}}
+
+    # 1 x 4096 x 4096 moves 33,570,816 bytes: 11.19 us at 3000 GB/s; 16 tokens 33,816,576 (11.27 us).
+    rows = [case(1, 22.380544), case(16, 11.272192), case(512, 30.0)]
+    lines = model_benchmark.shapes_markdown(rows, ["auto"], copy_gbs=3000.0)
+    graph = lines.index(next(line for line in lines if line.startswith("- decode set, graph:")))
+    assert lines[graph + 1].startswith(f"  - at most {2 ** 0.5:.3f} (highest 2.00): ")
+    eager = lines.index(next(line for line in lines if line.startswith("- decode set, eager:")))
+    assert lines[eager + 1].startswith(f"  - at most {2 * 2 ** 0.5:.3f} (highest 4.00): ")
+    assert not any(line.startswith("  - at most") for line in lines[graph + 2:])  # no ceiling for prefill
+
+
+def test_model_benchmark_decode_bound_skips_the_linears_and_adds_their_bytes_at_copy_speed():
+    """skip_linears leaves a model's other layers computing and its Linear layers
+    returning tensors of their output's shape; the bound line divides torch's graph
+    time by the rest's time plus the weights' bytes at the copy bandwidth."""
+    import torch
+
+    import model_benchmark
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4).to(torch.bfloat16))
+    assert model_benchmark.linear_weight_bytes(model) == 8 * 16 * 4 + 16 * 4 * 2
+    x = torch.randn(3, 2, 8)
+    assert torch.equal(model[0](x), x @ model[0].weight.t())
+    model_benchmark.skip_linears(model)
+    assert model[0](x).shape == (3, 2, 16) and model[2](x).shape == (3, 2, 4)
+    assert model[1](-x.abs()).eq(0).all()  # the ReLU still computes
+
+    rows = [{"case": "prefill 1x2048", "torch_graph_ms": 10.0},
+            {"case": "decode batch 1 (KV cache 512)", "torch_graph_ms": 1.5},
+            {"case": "decode batch 32 (KV cache 512)", "torch_eager_ms": 5.0}]
+    bounds = {"decode batch 1 (KV cache 512)": {"graph_ms_without_linears": 0.5, "linear_weight_bytes": 2.4e9,
+                                                "linear_ms_at_copy_bandwidth": 0.8},
+              "decode batch 32 (KV cache 512)": {"graph_ms_without_linears": 0.6, "linear_weight_bytes": 2.4e9,
+                                                 "linear_ms_at_copy_bandwidth": 0.8}}
+    lines = model_benchmark.decode_bound_lines(rows, bounds)
+    assert lines == ["- decode batch 1 (KV cache 512), graph: at most 1.154. Without its Linear layers torch's "
+                     "forward takes 0.500 ms; their weights (2.40 GB) take 0.800 ms at the copy bandwidth.", ""]
+
+
 def test_compare_variants_sets_the_variants_side_by_side(tmp_path, repo_root, subprocess_env):
     """compare_variants.py pairs each case the two variants measured by its ratio to torch,
     marks those more than the tolerance apart, and names a missing run."""

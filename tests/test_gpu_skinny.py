@@ -104,6 +104,24 @@ def test_skinny_takes_any_layout(pm, gen, kernel):
     assert y.shape == (3, 4, 64) and check_exact(y.reshape(12, 64), x, w_t) == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_streamk_without_clusters_small_integers_bit_exact(pm, gen, dtype):
+    """cluster_size=1: the stream-K cut over 128-row tiles, at the shapes that otherwise
+    run the clustered cut (64- and 128-row tiles, clusters of 2 to 8), over every
+    token-tile width: every output exact, bias added once."""
+    runs(pm, "wgmma_streamk")
+    failures = []
+    for m in [1, 9, 17, 33, 65, 128, 129, 257]:
+        for n, k in [(4096, 14336), (4096, 1000), (6144, 4096), (5120, 1024), (1536, 2048), (1024, 2048)]:
+            x, w_t = exact_int_operands(m, n, k, dtype, DEVICE, b_transposed=True, generator=gen, headroom=1)
+            bias = exact_int_bias(n, dtype, DEVICE, generator=gen)
+            y = pm.matmul(x, w_t, bias=bias, kernel="wgmma_streamk", cluster_size=1)
+            bad = check_exact(y, x, w_t, bias)
+            if bad:
+                failures.append(f"m={m} n={n} k={k}: {bad} of {m * n} elements differ")
+    assert not failures, f"{failures} (seed {gen.initial_seed()})"
+
+
 def test_streamk_bit_exact_shapes_cover_every_cut(pm):
     """The shapes of the bit-exact test run wgmma_streamk's stream-K cut and its clustered
     cut over 128-row tiles whole and in pairs, and over 64-row tiles in pairs and in larger

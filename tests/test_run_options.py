@@ -72,6 +72,15 @@ def test_wgmma_persistent_forced_cluster_size(recorded, cluster_size):
     assert args[3] is out and args[5:7] == (-1, cluster_size)
 
 
+def test_wgmma_streamk_takes_cluster_size_one(recorded):
+    """cluster_size=1 (the stream-K cut without clusters) reaches the op as 1."""
+    pm, calls = recorded
+    a, b = _operands()
+    pm.matmul(a, b, kernel="wgmma_streamk", cluster_size=1)
+    (name, args), = calls
+    assert name == "matmul_out" and args[4:7] == ("wgmma_streamk", -1, 1)
+
+
 @pytest.mark.parametrize("order", ["hilbert", "HILBERT"])
 def test_persistent_gets_the_tile_order(recorded, order):
     """A name or a member: the op gets the member's int."""
@@ -101,11 +110,11 @@ def test_auto_takes_both_options(recorded):
     (dict(kernel="tiled", tile_order="grouped"), ValueError,
      r"^kernel 'tiled' takes no tile_order; the rungs that do: persistent, wgmma_persistent$"),
     (dict(kernel="persistent", cluster_size=2), ValueError,
-     r"^kernel 'persistent' takes no cluster_size; the rungs that do: wgmma_persistent$"),
+     r"^kernel 'persistent' takes no cluster_size; the rungs that do: wgmma_persistent, wgmma_streamk$"),
     (dict(kernel="wgmma_streamk", tile_order="split_tail"), ValueError,
      r"^kernel 'wgmma_streamk' takes no tile_order; the rungs that do: persistent, wgmma_persistent$"),
-    (dict(kernel="wgmma_streamk", cluster_size=1), ValueError,
-     r"^kernel 'wgmma_streamk' takes no cluster_size; the rungs that do: wgmma_persistent$"),
+    (dict(kernel="wgmma_streamk", cluster_size=2), ValueError,
+     r"^kernel 'wgmma_streamk' takes cluster_size 1 \(or None: the kernel picks\), got 2$"),
     (dict(kernel="wgmma_persistent", cluster_size=3), ValueError,
      r"^cluster_size must be None \(the kernel picks\), 1 or 2, got 3$"),
     (dict(kernel="wgmma_persistent", cluster_size=True), TypeError, r"^cluster_size must be None, 1 or 2, got bool$"),

@@ -361,14 +361,16 @@ int32_t order_worth_running(int32_t tile_order, const MatmulProblem& problem, in
 // Options of matmul_out; linear_fwd and matmul take the defaults.
 struct Options {
   int64_t tile_order = -1;    // -1: the default, split tail (3)
-  int64_t cluster_size = 0;   // wgmma_persistent: 0 (the kernel picks), 1 or 2
+  int64_t cluster_size = 0;   // 0 (the kernel picks), 1 or 2 (wgmma_persistent; wgmma_streamk takes 1)
   const std::optional<Tensor>* timeline = nullptr;
 };
 
 
 // The tile configuration of a rung with an instrumented build (rung_has_timeline)
-// for an m x n output summed over k (k < 1: not known; only wgmma_streamk's grid depends on it).
-persistent_matmul::TileConfig tile_config_for(Rung rung, int64_t m, int64_t n, int64_t k, int device) {
+// for an m x n output summed over k (k < 1: not known; only wgmma_streamk's grid depends on it),
+// launched with `cluster_size` (wgmma_streamk's cut: 1 runs no clusters).
+persistent_matmul::TileConfig tile_config_for(Rung rung, int64_t m, int64_t n, int64_t k, int device,
+                                              int64_t cluster_size = 0) {
   switch (rung) {
     case Rung::kWgmma: {
       auto cfg = persistent_matmul::wgmma_tile_config(m, n, k, device);
@@ -376,7 +378,7 @@ persistent_matmul::TileConfig tile_config_for(Rung rung, int64_t m, int64_t n, i
       return cfg;
     }
     case Rung::kWgmmaPersistent: return persistent_matmul::wgmma_tile_config(m, n, k, device);
-    case Rung::kWgmmaStreamk: return persistent_matmul::wgmma_streamk_tile_config(m, n, k, device);
+    case Rung::kWgmmaStreamk: return persistent_matmul::wgmma_streamk_tile_config(m, n, k, device, cluster_size != 1);
     default: return persistent_matmul::tensor_core_tile_config(m, n, device);
   }
 }
@@ -441,16 +443,20 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
   p.out_stride_m = out.row_stride;
   p.out_stride_n = out.col_stride;
 
-  if (opt.timeline != nullptr && opt.timeline->has_value()) {
-    STD_TORCH_CHECK(persistent_matmul::rung_has_timeline(rung), "persistent_matmul: kernel '",
-                    persistent_matmul::rung_name(rung), "' has no instrumented build (no timeline)");
-    check_timeline(p, **opt.timeline, device, tile_config_for(rung, m, n, k, device));
-  }
   STD_TORCH_CHECK(opt.tile_order >= -1 && opt.tile_order <= 3,
                   "persistent_matmul: tile_order must be -1 (the default), 0 (grouped), 1 (Hilbert), 2 (dynamic) or 3 "
                   "(split tail), got ", opt.tile_order);
   STD_TORCH_CHECK(opt.cluster_size >= 0 && opt.cluster_size <= 2,
                   "persistent_matmul: cluster_size must be 0 (the kernel picks), 1 or 2, got ", opt.cluster_size);
+  // wgmma_streamk picks its clusters' size itself: 1 (none) is the one size a caller names.
+  STD_TORCH_CHECK(!(named.has_value() && rung == Rung::kWgmmaStreamk && opt.cluster_size == 2),
+                  "persistent_matmul: kernel 'wgmma_streamk' takes cluster_size 1 (its stream-K cut, no clusters) or "
+                  "0 (the kernel picks), got 2");
+  if (opt.timeline != nullptr && opt.timeline->has_value()) {
+    STD_TORCH_CHECK(persistent_matmul::rung_has_timeline(rung), "persistent_matmul: kernel '",
+                    persistent_matmul::rung_name(rung), "' has no instrumented build (no timeline)");
+    check_timeline(p, **opt.timeline, device, tile_config_for(rung, m, n, k, device, opt.cluster_size));
+  }
 
   const cudaStream_t stream = current_stream(device);
   cudaError_t err = cudaSuccess;
@@ -461,6 +467,7 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
     case Rung::kWgmma: err = persistent_matmul::launch_wgmma(p, stream); break;
     case Rung::kSplitk: err = persistent_matmul::launch_splitk(p, stream); break;
     case Rung::kWgmmaStreamk:
+      p.cluster_size = opt.cluster_size == 1 ? 1 : 0;  // with kernel="auto", 2 is wgmma_persistent's
       attach_scratch(p, like, device, stream, facts.sms);
       err = persistent_matmul::launch_wgmma_streamk(p, stream);
       break;

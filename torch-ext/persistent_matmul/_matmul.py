@@ -100,6 +100,9 @@ def _option_codes(kernel, tile_order, cluster_size) -> tuple[int, int]:
     if rung is not None and not rung.takes_cluster_size:
         raise ValueError(f"kernel {kernel!r} takes no cluster_size; the rungs that do: "
                          f"{_rungs_that('takes_cluster_size')}")
+    if rung is not None and cluster_size not in rung.cluster_sizes:
+        sizes = " or ".join(map(str, rung.cluster_sizes))
+        raise ValueError(f"kernel {kernel!r} takes cluster_size {sizes} (or None: the kernel picks), got {cluster_size}")
     if cluster_size == 2 and order == TileOrder.DYNAMIC:
         raise ValueError("the dynamic tile order runs without clusters: pass cluster_size=1, "
                          "or None to let the kernel pick")
@@ -145,7 +148,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto", out: torch
       multicast); None picks pairs wherever the output has more than one row
       of tiles. Taken by ``wgmma_persistent``. Pairs walk a static order, so
       with pairs the dynamic order runs as grouped, and cluster_size=2 with
-      the dynamic order is an error.
+      the dynamic order is an error. ``wgmma_streamk`` takes 1: its stream-K
+      cut over 128-row tiles without clusters, where None runs clusters of
+      CTAs that split a tile's K wherever they fill most of the SMs (and
+      sizes them itself, so with ``kernel="auto"`` a 2 applies to
+      wgmma_persistent only).
 
     With ``kernel="auto"`` the options apply when the rung it picks takes
     them. Raises TypeError/ValueError/RuntimeError naming the bad argument

@@ -31,8 +31,14 @@ class Rung:
     has_timeline: bool = False
     # Whether the op takes a tile order (the persistent rungs' scheduler).
     takes_tile_order: bool = False
-    # Whether the op takes a cluster size (CTA pairs sharing B by TMA multicast).
-    takes_cluster_size: bool = False
+    # The cluster sizes a caller may name (None lets the rung pick): 1 and 2
+    # (CTA pairs sharing B by TMA multicast) for wgmma_persistent, 1 (no
+    # clusters) for wgmma_streamk, which otherwise sizes its own.
+    cluster_sizes: tuple[int, ...] = ()
+
+    @property
+    def takes_cluster_size(self) -> bool:
+        return bool(self.cluster_sizes)
 
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -94,7 +100,7 @@ RUNGS: dict[str, Rung] = {
             chunk_elements=8,
             has_timeline=True,
             takes_tile_order=True,
-            takes_cluster_size=True,
+            cluster_sizes=(1, 2),
         ),
         Rung(
             name="splitk",
@@ -114,6 +120,7 @@ RUNGS: dict[str, Rung] = {
                     "stages, the (tile, k-block) work cut into one equal stretch per SM (stream-K)",
             chunk_elements=8,
             has_timeline=True,
+            cluster_sizes=(1,),
         ),
     )
 }
