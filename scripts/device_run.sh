@@ -132,12 +132,14 @@ compare() {
     tee "$OUT/compare.log"
 }
 
-# splitk, wgmma_streamk and wgmma_persistent side by side on the Llama-3 projections at
+# splitk, wgmma_streamk (its default cut, and cluster_size=1: the stream-K cut without
+# clusters) and wgmma_persistent side by side on the Llama-3 projections at
 # decode M and the first prefill Ms, eager and in CUDA graphs: what kernel="auto"'s token
 # limits for the skinny rungs rest on (torch-ext/rungs.h).
 decode_rungs() {
   # shellcheck disable=SC2086  # DECODE_ARGS: extra arguments (later ones win), word-split on purpose
-  timeout -s ABRT -k 5 360 "$PY" scripts/model_benchmark.py --parts shapes --kernels splitk wgmma_streamk wgmma_persistent \
+  timeout -s ABRT -k 5 480 "$PY" scripts/model_benchmark.py --parts shapes --kernels splitk wgmma_streamk \
+    wgmma_streamk:cluster_size=1 wgmma_persistent \
     --ms 1 2 4 8 16 32 64 128 256 512 1024 --rounds 2 --out "$OUT" --tag decode-rungs ${DECODE_ARGS:-} 2>&1 |
     tee -a "$OUT/device.log"
 }

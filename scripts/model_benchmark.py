@@ -176,6 +176,36 @@ def weight_sets(n: int, k: int) -> list[torch.Tensor]:
     return [torch.randn(n, k, device="cuda", dtype=DTYPE) / math.sqrt(k) for _ in range(sets)]
 
 
+def parse_kernel_spec(text: str) -> tuple[str, dict[str, int]]:
+    """A --kernels value: a kernel= name, or a name with matmul's cluster_size, as
+    ``wgmma_streamk:cluster_size=1``."""
+    name, _, options = text.partition(":")
+    if not options:
+        return name, {}
+    match = re.fullmatch(r"cluster_size=([0-9]+)", options)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"unknown kernel option {options!r} in {text!r}; the one taken: "
+                                         f"cluster_size=N")
+    return name, {"cluster_size": int(match[1])}
+
+
+def kernel_spec(text: str) -> str:
+    """argparse's type of --kernels: the spec itself, once parse_kernel_spec takes it."""
+    parse_kernel_spec(text)
+    return text
+
+
+def kernel_runner(pm, spec: str, x: torch.Tensor, weights: list[torch.Tensor]):
+    """``fn(i)``: the product of x and the i-th weight set (rotating) by the kernel ``spec``
+    names: pm.linear, or with an option pm.matmul(x, w.t(), ...), which takes it (the same
+    product and op entry; the host cost of matmul's option checks comes with it)."""
+    name, options = parse_kernel_spec(spec)
+    sets = len(weights)
+    if options:
+        return lambda i: pm.matmul(x, weights[i % sets].t(), kernel=name, **options)
+    return lambda i: pm.linear(x, weights[i % sets], kernel=name)
+
+
 def bench_projection(pm, name: str, n: int, k: int, ms: tuple[int, ...], kernels: list[str],
                      rounds: int) -> list[dict]:
     weights = weight_sets(n, k)
@@ -186,7 +216,7 @@ def bench_projection(pm, name: str, n: int, k: int, ms: tuple[int, ...], kernels
         reference = F.linear(x.float(), weights[0].float())
         runners = {"torch": lambda i: F.linear(x, weights[i % sets])}
         for kernel in kernels:
-            runners[kernel] = lambda i, kernel=kernel: pm.linear(x, weights[i % sets], kernel=kernel)
+            runners[kernel] = kernel_runner(pm, kernel, x, weights)
         row = {"projection": name, "m": m, "n": n, "k": k, "weight_sets": sets, "results": {}}
         calls, batches = {}, {}
         with torch.no_grad():
@@ -549,7 +579,9 @@ def parse_projection(text: str) -> tuple[str, tuple[int, int]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", nargs="+", choices=("host", "shapes", "model"), default=["host", "shapes", "model"])
-    parser.add_argument("--kernels", nargs="+", default=["auto"], help="kernel= values of pm.linear (default: auto)")
+    parser.add_argument("--kernels", nargs="+", type=kernel_spec, default=["auto"],
+                        help="kernel= values of pm.linear (default: auto); NAME:cluster_size=N runs "
+                             "pm.matmul(x, w.t(), kernel=NAME, cluster_size=N)")
     parser.add_argument("--projections", nargs="+", type=parse_projection, default=list(PROJECTIONS.items()),
                         help="projections of the shape set by name, or weights as NxK (default: the shape set)")
     parser.add_argument("--ms", nargs="+", type=int, default=[*DECODE_M, *PREFILL_M], help="M values of the shape set")

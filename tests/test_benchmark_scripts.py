@@ -696,6 +696,44 @@ def test_model_benchmark_decode_bound_skips_the_linears_and_adds_their_bytes_at_
                      "forward takes 0.500 ms; their weights (2.40 GB) take 0.800 ms at the copy bandwidth.", ""]
 
 
+def test_model_benchmark_kernel_specs_take_matmul_cluster_size(monkeypatch):
+    """--kernels NAME runs pm.linear; NAME:cluster_size=N pm.matmul(x, w.t(), ...) with the
+    option, on the rotating weight sets; anything else after the colon is refused by name."""
+    import argparse
+
+    import pytest
+
+    import model_benchmark
+
+    assert model_benchmark.parse_kernel_spec("auto") == ("auto", {})
+    assert model_benchmark.parse_kernel_spec("wgmma_streamk:cluster_size=1") == ("wgmma_streamk", {"cluster_size": 1})
+    for bad in ("wgmma_streamk:clusters=1", "wgmma_streamk:cluster_size=", "splitk:tile_order=1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="unknown kernel option"):
+            model_benchmark.parse_kernel_spec(bad)
+
+    calls = []
+
+    class FakePm:
+        def linear(self, x, w, kernel):
+            calls.append(("linear", x, w, kernel))
+
+        def matmul(self, a, b, kernel, **options):
+            calls.append(("matmul", a, b, kernel, options))
+
+    import torch
+
+    x, weights = torch.zeros(2, 4), [torch.ones(3, 4), torch.full((3, 4), 2.0)]
+    model_benchmark.kernel_runner(FakePm(), "auto", x, weights)(3)
+    model_benchmark.kernel_runner(FakePm(), "wgmma_streamk:cluster_size=1", x, weights)(2)
+    (name, a, w, kernel), (name2, a2, b2, kernel2, options) = calls
+    assert (name, kernel, name2, kernel2, options) == ("linear", "auto", "matmul", "wgmma_streamk", {"cluster_size": 1})
+    assert a is x and w is weights[1] and a2 is x and torch.equal(b2, weights[0].t())
+    monkeypatch.setattr(sys, "argv", ["model_benchmark.py"])
+    with pytest.raises(SystemExit) as exit_info:
+        model_benchmark.main(["--kernels", "auto", "splitk:order=2"])
+    assert exit_info.value.code == 2
+
+
 def test_compare_variants_sets_the_variants_side_by_side(tmp_path, repo_root, subprocess_env):
     """compare_variants.py pairs each case the two variants measured by its ratio to torch,
     marks those more than the tolerance apart, and names a missing run."""
