@@ -128,6 +128,31 @@ def test_streamk_where_its_clustered_cut_runs(pm):
     assert choose(8, 0, 108, torch.bfloat16, 16, 8192, 8192, True) == "splitk"  # no sm_90a
 
 
+def test_builds_without_the_clustered_cut(pm):
+    """A build without wgmma_streamk's clustered cut (CUDA 12) chooses as the rule did
+    before it: wgmma_streamk only by its weights' size up to 32 tokens, and the shapes of
+    the clustered cut go to splitk (up to 32 tokens) and wgmma_persistent. The same
+    shapes with the cut (this CUDA 13 build's own answer, None) run wgmma_streamk."""
+    choose = pm._matmul.ops.choose_kernel
+    cases = [  # m, n, k, without the clustered cut
+        (16, 8192, 8192, "splitk"),  # 64 128-row tiles in pairs
+        (9, 6144, 4096, "splitk"),
+        (9, 1024, 4096, "splitk"),  # 64-row tiles in clusters of 8
+        (1, 1024, 4096, "splitk"),
+        (33, 4096, 4096, "wgmma_persistent"),  # 64-row pairs
+        (64, 8192, 8192, "wgmma_persistent"),
+        (128, 4096, 14336, "wgmma_persistent"),
+    ]
+    for m, n, k, rung in cases:
+        assert choose(9, 0, 132, torch.bfloat16, m, n, k, True, False) == rung, (m, n, k)
+        assert choose(9, 0, 132, torch.bfloat16, m, n, k, True, True) == "wgmma_streamk", (m, n, k)
+        assert choose(9, 0, 132, torch.bfloat16, m, n, k, True) == "wgmma_streamk", (m, n, k)
+    for m in (1, 9, 32):  # 80 M weight elements or more: wgmma_streamk's stream-K cut either way
+        assert choose(9, 0, 132, torch.bfloat16, m, 10240, 8192, True, False) == "wgmma_streamk"
+    assert choose(9, 0, 132, torch.bfloat16, 8, 28672, 4096, True, False) == "splitk"  # its bulk kernel
+    assert choose(9, 0, 132, torch.bfloat16, 33, 10240, 8192, True, False) == "wgmma_persistent"
+
+
 def test_fp32_and_old_gpus(pm):
     choose = pm._matmul.ops.choose_kernel
     assert choose(9, 0, 132, torch.float32, 1, 1 << 20, 4096, True) == "warptiled"

@@ -636,10 +636,11 @@ void matmul_out_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>
 }
 
 std::string choose_kernel_op(int64_t major, int64_t minor, int64_t sms, ScalarType dtype, int64_t m, int64_t n,
-                             int64_t k, bool b_kmajor) {
+                             int64_t k, bool b_kmajor, std::optional<bool> streamk_clusters) {
   const auto t = element_type_of(dtype);
   STD_TORCH_CHECK(t.has_value(), "persistent_matmul: choose_kernel takes float32, float16 or bfloat16");
-  const DeviceFacts facts{int(major), int(minor), int(sms), persistent_matmul::wgmma_streamk_clusters_built()};
+  const DeviceFacts facts{int(major), int(minor), int(sms),
+                          streamk_clusters.value_or(persistent_matmul::wgmma_streamk_clusters_built())};
   const auto rung = persistent_matmul::choose_auto(facts, *t, m, n, k, b_kmajor);
   return rung.has_value() ? std::string(persistent_matmul::rung_name(*rung)) : std::string("none");
 }
@@ -682,7 +683,9 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "matmul_out(Tensor a, Tensor b, Tensor? bias, Tensor(a!) out, str kernel, int tile_order=-1, "
       "int cluster_size=0, Tensor(b!)? timeline=None) -> ()");
-  ops.def("choose_kernel(int major, int minor, int sms, ScalarType dtype, int m, int n, int k, bool b_kmajor) -> str");
+  ops.def(
+      "choose_kernel(int major, int minor, int sms, ScalarType dtype, int m, int n, int k, bool b_kmajor, "
+      "bool? streamk_clusters=None) -> str");
   ops.def("operands_for(Tensor a, Tensor b, int chunk, bool need_kmajor) -> (Tensor, Tensor)");
   ops.def("tile_config(int m, int n, int device, str kernel=\"persistent\", int k=0) -> int[]");
 }

@@ -31,9 +31,11 @@ void matmul_out_op(const Tensor& a, const Tensor& b, const std::optional<Tensor>
 
 // The rung kernel="auto" runs on a GPU of compute capability major.minor with
 // `sms` SMs, for an m x n output of `dtype` summed over k (b_kmajor: B is
-// K-major); "none" if no rung runs there.
+// K-major); "none" if no rung runs there. streamk_clusters: whether the build
+// runs wgmma_streamk's clustered cut (None: this build's answer; CUDA 12
+// builds' is false), so either build's choice can be asked of any build.
 std::string choose_kernel_op(int64_t major, int64_t minor, int64_t sms, torch::headeronly::ScalarType dtype,
-                             int64_t m, int64_t n, int64_t k, bool b_kmajor);
+                             int64_t m, int64_t n, int64_t k, bool b_kmajor, std::optional<bool> streamk_clusters);
 // a and b as a rung reading `chunk`-element (16-byte) chunks takes them: the
 // inputs themselves, or padded copies (need_kmajor: B copied K-major).
 std::tuple<Tensor, Tensor> operands_for_op(const Tensor& a, const Tensor& b, int64_t chunk, bool need_kmajor);
