@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,25 +156,49 @@ def write_ninja(config: BuildConfig, tc: Toolchain, work: Path, jobs: int,
     return work / library
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def run_ninja(tc: Toolchain, work: Path, jobs: int, out=sys.stdout) -> int:
-    """Run ninja, echoing its progress lines as they come; return how many steps ran."""
+    """Run ninja, echoing its progress lines as they come; return how many steps ran.
+
+    If this process is stopped meanwhile (SIGTERM, Ctrl-C, an exception), ninja is
+    sent SIGTERM and waited for first: ninja then stops the compilers it runs, which
+    would otherwise run on, each for minutes, after the build that started them."""
     env = dict(os.environ, NINJA_STATUS="[%f/%t %es] ")
     proc = subprocess.Popen(
         [str(tc.ninja), "-C", str(work), f"-j{jobs}"], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, env=env, bufsize=1,
     )
+    # SIGTERM's default action ends Python without running any cleanup: make it an exit.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     steps = 0
     log: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip("\n")
-        if line.startswith("ninja: Entering directory"):
-            continue
-        if line.startswith("[") and "/" in line.split("]")[0]:
-            steps += 1
-        log.append(line)
-        print(line, file=out, flush=True)
-    if proc.wait() != 0:
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if line.startswith("ninja: Entering directory"):
+                continue
+            if line.startswith("[") and "/" in line.split("]")[0]:
+                steps += 1
+            log.append(line)
+            print(line, file=out, flush=True)
+        returncode = proc.wait()
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        if main_thread and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if returncode != 0:
         failed = [line for line in log if line.startswith("FAILED:")]
         errors = [line for line in log if "error" in line.lower() and not line.startswith("FAILED:")]
         raise BuildError("\n".join(["a build step failed (compiler output above):", *failed, *errors[:20]]))

@@ -153,6 +153,41 @@ def test_a_compiler_that_writes_no_header_list_fails_the_build(tmp_path, monkeyp
         quiet_build(repo)
 
 
+def test_a_stopped_build_stops_ninja_and_its_compilers(tmp_path, repo_root, subprocess_env):
+    """SIGTERM to a build while ninja runs: kernelpress exits non-zero, having sent ninja
+    SIGTERM and waited for it (ninja passes it on to the compilers it runs). A stand-in
+    for ninja runs one long command and records the signal it gets."""
+    import signal
+    import time
+
+    fake_ninja = tmp_path / "ninja"
+    fake_ninja.write_text(
+        "#!/bin/bash\n"
+        f"trap 'kill $compiler; echo stopped > {tmp_path}/stopped; exit 1' TERM\n"
+        "sleep 300 & compiler=$!\n"
+        f"echo $$ > {tmp_path}/ninja.pid\n"
+        "echo '[1/2 0.1s] nvcc csrc/kernel.cu'\n"
+        "wait $compiler\n")
+    fake_ninja.chmod(0o755)
+    script = ("import sys, types; from pathlib import Path; from kernelpress.build import run_ninja; "
+              f"run_ninja(types.SimpleNamespace(ninja=Path({str(fake_ninja)!r})), Path({str(tmp_path)!r}), 1)")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=repo_root, env=subprocess_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout.readline().startswith("[1/2 "), "the build did not start its step"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    assert (tmp_path / "stopped").read_text() == "stopped\n", "ninja was not sent SIGTERM"
+    ninja_pid = int((tmp_path / "ninja.pid").read_text())
+    for _ in range(50):  # reaped by the build before it exited; the wait is for a slow /proc
+        if not Path(f"/proc/{ninja_pid}").exists():
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{ninja_pid}").exists(), "ninja outlived the build"
+
+
 def test_editing_a_tracked_source_marks_the_build_dirty(tmp_path):
     repo = make_repo(tmp_path / "tiny-kernel")
     clean, _ = quiet_build(repo)
