@@ -247,6 +247,10 @@ def test_ops_called_directly_reject_bad_cuda_arguments(pm):
                        torch.empty(1, 6, device=DEVICE, dtype=torch.int64))
     with pytest.raises(RuntimeError, match="tile_order must be -1"):
         ops.matmul_out(x, w.t(), None, torch.empty(4, 32, device=DEVICE, dtype=torch.bfloat16), "persistent", 7)
+    if pm.available_kernels()["wgmma_streamk"].available:
+        with pytest.raises(RuntimeError, match="kernel 'wgmma_streamk' takes cluster_size 1"):
+            ops.matmul_out(x, w.t(), None, torch.empty(4, 32, device=DEVICE, dtype=torch.bfloat16), "wgmma_streamk",
+                           -1, 2)
 
 
 def test_python_errors_name_the_argument_for_cuda_tensors(pm):
