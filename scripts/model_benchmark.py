@@ -361,6 +361,16 @@ def llama3_8b_config(layers: int):
                        max_position_embeddings=8192, rope_theta=500000.0)
 
 
+def random_llama(config):
+    """A LlamaForCausalLM of ``config`` on the GPU in DTYPE, eval mode, its random weights
+    the same on every call (seed 0)."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        return LlamaForCausalLM(config).to(DTYPE).eval()
+
+
 def model_cases(model, config, prompt: int = 512, *, device: str = "cuda",
                 prefills: tuple[tuple[int, int], ...] = ((1, 2048), (4, 2048)),
                 decode_batches: tuple[int, ...] = (1, 32)):
@@ -438,14 +448,10 @@ def model_benchmark(build_dir: Path, layers: int, iters: int, rounds: int) -> li
     timing one model's cases after the other's put that drift into the ratio."""
     from kernelize_linear import kernelize_linears, linear_repository
     from kernels import Mode
-    from transformers import LlamaForCausalLM
-
     config = llama3_8b_config(layers)
     models = {}
     for label in ("torch", "kernelized"):
-        torch.manual_seed(0)
-        with torch.device("cuda"):
-            models[label] = LlamaForCausalLM(config).to(DTYPE).eval()
+        models[label] = random_llama(config)
         if label == "kernelized":
             kernelize_linears(models[label], mode=Mode.INFERENCE, repository=linear_repository(build_dir))
     cases = {label: model_cases(model, config) for label, model in models.items()}
@@ -507,12 +513,8 @@ def decode_bound(layers: int, iters: int, rounds: int, copy_gbs: float) -> dict[
     with its Linear layers skipped (median ms of ``rounds`` rounds of captured
     forwards), plus the Linear weights' bytes at the copy bandwidth, the least a
     forward that reads them can take."""
-    from transformers import LlamaForCausalLM
-
     config = llama3_8b_config(layers)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(DTYPE).eval()
+    model = random_llama(config)
     weight_bytes = linear_weight_bytes(model)
     skip_linears(model)
     bounds = {}
