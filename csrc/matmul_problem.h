@@ -112,7 +112,7 @@ cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t s
 // its default launch (the split-tail order, the default cluster size), which
 // for fewer tiles than SMs splits them in K when k is deep enough (k < 1: K
 // not known, taken as deep enough).
-TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device);
+TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device, int32_t cluster_size = 0);
 // The tile order worth running for wgmma_persistent's `tile_order` on this
 // problem (its cluster_size, 0: the default): the split-tail order where it
 // splits tiles in K, else grouped where the grid holds every tile (the dynamic

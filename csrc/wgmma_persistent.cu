@@ -235,9 +235,9 @@ bool wgmma_cluster_pairs_built() { return kClusterPairsBuilt; }
 
 int32_t wgmma_default_cluster_size(int64_t m) { return kClusterPairsBuilt ? wgmma_cluster_size_for(m) : 1; }
 
-TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device) {
+TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device, int32_t cluster_size) {
   TileConfig cfg;
-  const int32_t cluster = wgmma_default_cluster_size(m);
+  const int32_t cluster = cluster_size == 0 ? wgmma_default_cluster_size(m) : cluster_size;
   // K not known: deep enough that the split-tail order's parts are not capped by it.
   const int64_t depth = k < 1 ? INT32_MAX : k;
   auto fill = [&](auto shape) {

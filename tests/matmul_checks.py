@@ -56,10 +56,10 @@ def check_graph_replays(run, m: int, n: int, k: int, what: str, replays: int = 3
 
 
 def timeline_parts(pm, kernel: str, timeline: torch.Tensor, m: int, n: int, k: int,
-                   sm_count: int) -> list[list[int]]:
-    """The units of work an instrumented launch of ``kernel`` recorded for an m x n x k
-    product (``pm.matmul_timeline``), as lists in TIMELINE_COLUMNS order, after asserting
-    what every timeline promises:
+                   sm_count: int, cluster_size: int | None = None) -> list[list[int]]:
+    """The units of work an instrumented launch of ``kernel`` (with ``cluster_size``)
+    recorded for an m x n x k product (``pm.matmul_timeline``), as lists in
+    TIMELINE_COLUMNS order, after asserting what every timeline promises:
 
     - tile_config's timeline_rows rows; those no unit wrote are -1 throughout;
     - every tile of the grid has parts whose K-ranges [k_begin, k_end) cover [0, K)
@@ -73,7 +73,7 @@ def timeline_parts(pm, kernel: str, timeline: torch.Tensor, m: int, n: int, k: i
     names = tuple(pm.TIMELINE_COLUMNS)
     col = {c: i for i, c in enumerate(names)}
     assert names == ("tile_m", "tile_n", "k_begin", "k_end", "sm", "cta", "start_ns", "end_ns")
-    cfg = pm.tile_config(m, n, kernel=kernel, k=k)
+    cfg = pm.tile_config(m, n, kernel=kernel, k=k, cluster_size=cluster_size)
     tiles, rows = cfg["tiles"], cfg["timeline_rows"]
     tiles_m, tiles_n = -(-m // cfg["block_m"]), -(-n // cfg["block_n"])
     assert tiles == tiles_m * tiles_n and rows > tiles, cfg

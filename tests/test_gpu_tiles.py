@@ -605,6 +605,38 @@ def test_timeline_needs_a_tensor_core_rung(pm):
         pm.matmul_timeline(a, a, kernel="naive")
 
 
+def test_timeline_of_a_named_cluster_size(pm, variant_dir):
+    """matmul_timeline runs the launch of the cluster size it is given, and tile_config
+    reports that launch: wgmma_streamk's stream-K cut over 128-row tiles on every SM
+    (cluster_size=1) where its default cut runs clusters, and wgmma_persistent in single
+    CTAs where it picks pairs."""
+    skip_unless_runs(pm, "wgmma_streamk")
+    sms = sm_count()
+    m, n, k = 64, 4096, 4096
+    a, b = random_operands(m, n, k, torch.bfloat16, "cuda", b_transposed=True)
+    plain = pm.tile_config(m, n, kernel="wgmma_streamk", k=k, cluster_size=1)
+    assert (plain["block_n"], plain["cluster_size"], plain["tiles"]) == (128, 1, n // 128), plain
+    assert plain["persistent_ctas"] == min(sms, plain["tiles"] * k // 128), plain
+    if not built_with_cuda12(variant_dir):
+        assert pm.tile_config(m, n, kernel="wgmma_streamk", k=k)["cluster_size"] > 1
+    out, timeline = pm.matmul_timeline(a, b, kernel="wgmma_streamk", cluster_size=1)
+    torch.cuda.synchronize()
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+    parts = timeline_parts(pm, "wgmma_streamk", timeline, m, n, k, sms, cluster_size=1)
+    assert {p[CTA] for p in parts} == set(range(plain["persistent_ctas"])), "grid = the CTAs tile_config reports"
+
+    m = n = 2048
+    a, b = random_operands(m, n, 1024, torch.bfloat16, "cuda")
+    single = pm.tile_config(m, n, kernel="wgmma_persistent", k=1024, cluster_size=1)
+    assert single["cluster_size"] == 1, single
+    out, timeline = pm.matmul_timeline(a, b, kernel="wgmma_persistent", tile_order="grouped", cluster_size=1)
+    torch.cuda.synchronize()
+    assert matmul_error(out, a, b) < TOLERANCE[torch.bfloat16]
+    parts = timeline_parts(pm, "wgmma_persistent", timeline, m, n, 1024, sms, cluster_size=1)
+    assert len(parts) == single["tiles"], "whole tiles only"
+    assert len({p[CTA] for p in parts}) == min(single["persistent_ctas"], single["tiles"])
+
+
 def test_cta_pairs_only_where_the_build_has_them(pm, variant_dir):
     """tile_config gives the cluster size wgmma_persistent picks: pairs over more than
     one row of tiles in CUDA 13 builds, single CTAs in CUDA 12 builds, whose pair

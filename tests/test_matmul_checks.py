@@ -235,7 +235,7 @@ class _TimelineKernel:
 
     TIMELINE_COLUMNS = ("tile_m", "tile_n", "k_begin", "k_end", "sm", "cta", "start_ns", "end_ns")
 
-    def tile_config(self, m, n, *, kernel, k):
+    def tile_config(self, m, n, *, kernel, k, cluster_size):
         return {"block_m": 64, "block_n": 64, "block_k": 64, "tiles": 4, "persistent_ctas": 3, "timeline_rows": 7}
 
 

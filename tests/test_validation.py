@@ -445,6 +445,35 @@ def test_tile_config_checks_k(pm, k, error, message):
         pm.tile_config(16, 4096, 0, kernel="wgmma_streamk", k=k)
 
 
+@pytest.mark.parametrize(("kernel", "cluster_size", "error", "message"), [
+    ("wgmma_persistent", 3, ValueError, r"^cluster_size must be None \(the kernel picks\), 1 or 2, got 3$"),
+    ("wgmma_persistent", "2", TypeError, r"^cluster_size must be None, 1 or 2, got str$"),
+    ("wgmma_streamk", 2, ValueError, r"^kernel 'wgmma_streamk' takes cluster_size 1 \(or None: the kernel picks\), got 2$"),
+    ("tiled", 1, ValueError, r"^kernel 'tiled' takes no cluster_size; the rungs that do: wgmma_persistent, wgmma_streamk$"),
+])
+def test_tile_config_and_timeline_check_cluster_size(pm, kernel, cluster_size, error, message):
+    """tile_config and matmul_timeline take matmul's cluster_size, refused as matmul refuses
+    it, before they need a device."""
+    with pytest.raises(error, match=message):
+        pm.tile_config(64, 64, 0, kernel=kernel, k=64, cluster_size=cluster_size)
+    a = t(4, 4, dtype=torch.bfloat16)
+    with pytest.raises(error, match=message):
+        pm.matmul_timeline(a, a, kernel=kernel, cluster_size=cluster_size)
+
+
+def test_tile_config_op_checks_cluster_size_before_the_device(pm):
+    tile_config = pm._matmul.ops.tile_config
+    with pytest.raises(RuntimeError, match=r"cluster_size must be 0 \(the kernel picks\), 1 or 2, got 3"):
+        tile_config(4, 4, 0, "wgmma_persistent", 0, 3)
+    with pytest.raises(RuntimeError, match=r"kernel 'tiled' takes no cluster_size \(0\), got 1"):
+        tile_config(4, 4, 0, "tiled", 0, 1)
+    with pytest.raises(RuntimeError, match=r"kernel 'wgmma_streamk' takes cluster_size 1 .* got 2"):
+        tile_config(4, 4, 0, "wgmma_streamk", 4096, 2)
+    for kernel, clusters in (("wgmma_streamk", 1), ("wgmma_persistent", 1), ("wgmma_persistent", 2)):
+        with pytest.raises(RuntimeError, match=r"tile_config needs a CUDA device; cuda:0 is not present"):
+            tile_config(4, 4, 0, kernel, 4096, clusters)
+
+
 def test_tile_config_of_wgmma_streamk_asks_the_device(pm):
     """With a good k, wgmma_streamk's configuration goes to the op, which needs a device."""
     with pytest.raises(RuntimeError, match=r"tile_config needs a CUDA device; cuda:0 is not present"):

@@ -368,7 +368,8 @@ struct Options {
 
 // The tile configuration of a rung with an instrumented build (rung_has_timeline)
 // for an m x n output summed over k (k < 1: not known; only wgmma_streamk's grid depends on it),
-// launched with `cluster_size` (wgmma_streamk's cut: 1 runs no clusters).
+// launched with `cluster_size` (0: the one the launch picks; wgmma_persistent's clusters, or
+// wgmma_streamk's cut: 1 runs no clusters).
 persistent_matmul::TileConfig tile_config_for(Rung rung, int64_t m, int64_t n, int64_t k, int device,
                                               int64_t cluster_size = 0) {
   switch (rung) {
@@ -377,7 +378,8 @@ persistent_matmul::TileConfig tile_config_for(Rung rung, int64_t m, int64_t n, i
       cfg.cluster_size = 1;  // one CTA per tile, no clusters
       return cfg;
     }
-    case Rung::kWgmmaPersistent: return persistent_matmul::wgmma_tile_config(m, n, k, device);
+    case Rung::kWgmmaPersistent:
+      return persistent_matmul::wgmma_tile_config(m, n, k, device, static_cast<int32_t>(cluster_size));
     case Rung::kWgmmaStreamk: return persistent_matmul::wgmma_streamk_tile_config(m, n, k, device, cluster_size != 1);
     default: return persistent_matmul::tensor_core_tile_config(m, n, device);
   }
@@ -653,7 +655,8 @@ std::tuple<Tensor, Tensor> operands_for_op(const Tensor& a, const Tensor& b, int
   return {p.a_copy.value_or(a), p.b_copy.value_or(b)};
 }
 
-std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::string kernel, int64_t k) {
+std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::string kernel, int64_t k,
+                                    int64_t cluster_size) {
   STD_TORCH_CHECK(m >= 0 && n >= 0, "persistent_matmul: tile_config needs m, n >= 0");
   const auto rung = persistent_matmul::rung_named(kernel);
   if (!rung.has_value() || !persistent_matmul::rung_has_timeline(*rung)) {
@@ -666,6 +669,16 @@ std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::s
     STD_TORCH_CHECK(false, "persistent_matmul: kernel '", kernel, "' has no tile configuration; choose one of: ",
                     names);
   }
+  STD_TORCH_CHECK(cluster_size >= 0 && cluster_size <= 2,
+                  "persistent_matmul: cluster_size must be 0 (the kernel picks), 1 or 2, got ", cluster_size);
+  STD_TORCH_CHECK(cluster_size == 0 || *rung == Rung::kWgmmaPersistent || *rung == Rung::kWgmmaStreamk,
+                  "persistent_matmul: kernel '", kernel, "' takes no cluster_size (0), got ", cluster_size);
+  STD_TORCH_CHECK(!(*rung == Rung::kWgmmaStreamk && cluster_size == 2),
+                  "persistent_matmul: kernel 'wgmma_streamk' takes cluster_size 1 (its stream-K cut, no clusters) or "
+                  "0 (the kernel picks), got 2");
+  STD_TORCH_CHECK(cluster_size != 2 || persistent_matmul::wgmma_cluster_pairs_built(),
+                  "persistent_matmul: cluster_size=2: this build (CUDA 12) has no CTA-pair kernels of "
+                  "wgmma_persistent; pass cluster_size=1, or 0 to let the kernel pick");
   int devices = 0;
   STD_TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices,
                   "persistent_matmul: tile_config needs a CUDA device; cuda:", device, " is not present");
@@ -673,7 +686,7 @@ std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::s
   const DeviceFacts& f = device_facts(static_cast<int32_t>(device));
   STD_TORCH_CHECK(persistent_matmul::rung_runs_on(*rung, f), "persistent_matmul: kernel '", kernel,
                   "' does not run on cuda:", device, " (compute capability ", f.major, ".", f.minor, ")");
-  const auto cfg = tile_config_for(*rung, m, n, k, static_cast<int>(device));
+  const auto cfg = tile_config_for(*rung, m, n, k, static_cast<int>(device), cluster_size);
   return {cfg.block_m, cfg.block_n, cfg.block_k, cfg.tiles, cfg.persistent_ctas, cfg.timeline_rows, cfg.cluster_size};
 }
 
@@ -687,7 +700,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "choose_kernel(int major, int minor, int sms, ScalarType dtype, int m, int n, int k, bool b_kmajor, "
       "bool? streamk_clusters=None) -> str");
   ops.def("operands_for(Tensor a, Tensor b, int chunk, bool need_kmajor) -> (Tensor, Tensor)");
-  ops.def("tile_config(int m, int n, int device, str kernel=\"persistent\", int k=0) -> int[]");
+  ops.def("tile_config(int m, int n, int device, str kernel=\"persistent\", int k=0, int cluster_size=0) -> int[]");
 }
 
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {

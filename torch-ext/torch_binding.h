@@ -40,8 +40,10 @@ std::string choose_kernel_op(int64_t major, int64_t minor, int64_t sms, torch::h
 // inputs themselves, or padded copies (need_kmajor: B copied K-major).
 std::tuple<Tensor, Tensor> operands_for_op(const Tensor& a, const Tensor& b, int64_t chunk, bool need_kmajor);
 
-// [block_m, block_n, block_k, tiles, persistent CTAs, timeline rows] for an
-// m x n output (summed over k; k < 1: not known) on `device`, of the rung
-// `kernel` (tiled and persistent share one, wgmma and wgmma_persistent
-// another; wgmma_streamk's grid depends on k).
-std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::string kernel, int64_t k);
+// [block_m, block_n, block_k, tiles, persistent CTAs, timeline rows, cluster
+// size] for an m x n output (summed over k; k < 1: not known) on `device`, of
+// the rung `kernel` (tiled and persistent share one, wgmma and wgmma_persistent
+// another; wgmma_streamk's grid depends on k), launched with `cluster_size`
+// (0: the one the launch picks).
+std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::string kernel, int64_t k,
+                                    int64_t cluster_size);

@@ -91,8 +91,16 @@ def _option_codes(kernel, tile_order, cluster_size) -> tuple[int, int]:
     if tile_order is not None and rung is not None and not rung.takes_tile_order:
         raise ValueError(f"kernel {kernel!r} takes no tile_order; the rungs that do: "
                          f"{_rungs_that('takes_tile_order')}")
+    return order, _cluster_code(kernel, cluster_size, order)
+
+
+def _cluster_code(kernel: str, cluster_size, order: int = -1) -> int:
+    """The ops' ``cluster_size`` int (0 where None: the kernel picks) for a rung
+    named by ``kernel`` (or "auto") launched in tile order ``order``; raises naming
+    the option and what it may be."""
+    rung = RUNGS.get(kernel)
     if cluster_size is None:
-        return order, 0
+        return 0
     if isinstance(cluster_size, bool) or not isinstance(cluster_size, int):
         raise TypeError(f"cluster_size must be None, 1 or 2, got {type(cluster_size).__name__}")
     if cluster_size not in (1, 2):
@@ -106,7 +114,7 @@ def _option_codes(kernel, tile_order, cluster_size) -> tuple[int, int]:
     if cluster_size == 2 and order == TileOrder.DYNAMIC:
         raise ValueError("the dynamic tile order runs without clusters: pass cluster_size=1, "
                          "or None to let the kernel pick")
-    return order, cluster_size
+    return cluster_size
 
 
 def _matmul_out(a, b, bias, out, kernel: str, order: int, clusters: int,
@@ -199,7 +207,8 @@ def explain_linear(x, weight, bias, kernel) -> None:
 
 
 def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
-                kernel: str = "persistent", k: int | None = None) -> dict[str, int]:
+                kernel: str = "persistent", k: int | None = None,
+                cluster_size: int | None = None) -> dict[str, int]:
     """How a rung with tiles cuts an m x n output on ``device``: block sizes,
     the number of output tiles (= CTAs of the one-CTA-per-tile rung), the
     CTAs its persistent twin launches (what fills the device once, at most a
@@ -221,6 +230,10 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
     rows (block_n = 64) where those fill more SMs: its grid depends on
     ``k``, the product's depth (None: deep enough for every SM), as
     wgmma_persistent's does.
+
+    ``cluster_size`` is the launch's, as ``matmul`` takes it (None: the one the
+    kernel picks): 1 or 2 for wgmma_persistent, 1 for wgmma_streamk (its
+    stream-K cut over 128-row tiles, no clusters); the other rungs take none.
     """
     _check_kernel_name(kernel)
     if kernel == "auto" or not RUNGS[kernel].has_timeline:
@@ -236,7 +249,8 @@ def tile_config(m: int, n: int, device: torch.device | int | None = None, *,
     else:
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
-    values = ops.tile_config(int(m), int(n), int(index), kernel, 0 if k is None else k)
+    clusters = _cluster_code(kernel, cluster_size)
+    values = ops.tile_config(int(m), int(n), int(index), kernel, 0 if k is None else k, clusters)
     return dict(zip(("block_m", "block_n", "block_k", "tiles", "persistent_ctas", "timeline_rows", "cluster_size"),
                     values))
 
@@ -245,14 +259,16 @@ TIMELINE_COLUMNS = ("tile_m", "tile_n", "k_begin", "k_end", "sm", "cta", "start_
 
 
 def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persistent",
-                    tile_order: TileOrder | str | None = DEFAULT_TILE_ORDER) -> tuple[torch.Tensor, torch.Tensor]:
+                    tile_order: TileOrder | str | None = DEFAULT_TILE_ORDER,
+                    cluster_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``a @ b`` through the instrumented build of a rung with tiles.
 
     ``tile_order`` (a ``TileOrder`` or its name: "grouped", "hilbert", "dynamic"
     or "split_tail"; None is split tail) is the persistent rungs' tile order;
-    the one-CTA-per-tile rungs always run in grouped order, wgmma_streamk cuts
-    its work by stream-K whatever the order, and wgmma_persistent runs with
-    the cluster size it picks. "dynamic" runs as grouped where it would
+    the one-CTA-per-tile rungs always run in grouped order, and wgmma_streamk
+    cuts its work by stream-K whatever the order. ``cluster_size`` is
+    ``matmul``'s (None: the kernel picks; wgmma_persistent and wgmma_streamk
+    take it, as ``tile_config`` does for the same launch). "dynamic" runs as grouped where it would
     assign the same tiles (a grid that holds every tile) and for
     wgmma_persistent's CTA pairs, which walk a static order; "split_tail"
     runs as "dynamic" (pairs: grouped) where it would split nothing, as
@@ -279,10 +295,12 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
             f"inner dimensions differ: a is {a.shape[0]}x{a.shape[1]} and b is {b.shape[0]}x{b.shape[1]}"
         )
     order = _order_code(tile_order)
+    clusters = _cluster_code(kernel, cluster_size, order)
     if min(a.shape[0], a.shape[1], b.shape[1]) == 0:
         raise ValueError(f"matmul_timeline needs M, N and K >= 1, got a {tuple(a.shape)} and b {tuple(b.shape)}")
     device = check_cuda({"a": a, "b": b})
     rung = _resolve_rung(kernel, a.dtype, device)  # before tile_config: names a device that lacks the rung
-    rows = tile_config(a.shape[0], b.shape[1], device, kernel=rung.name, k=a.shape[1])["timeline_rows"]
+    rows = tile_config(a.shape[0], b.shape[1], device, kernel=rung.name, k=a.shape[1],
+                       cluster_size=cluster_size)["timeline_rows"]
     timeline = torch.full((rows, len(TIMELINE_COLUMNS)), -1, dtype=torch.int64, device=device)
-    return _matmul_out(a, b, None, None, kernel, order, 0, timeline), timeline
+    return _matmul_out(a, b, None, None, kernel, order, clusters, timeline), timeline
