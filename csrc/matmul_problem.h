@@ -109,9 +109,9 @@ TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device);
 cudaError_t launch_wgmma(const MatmulProblem& problem, cudaStream_t stream);
 cudaError_t launch_wgmma_persistent(const MatmulProblem& problem, cudaStream_t stream);
 // wgmma_persistent's tiles of an m x n output; persistent_ctas is the grid of
-// its default launch (the split-tail order, the default cluster size), which
-// for fewer tiles than SMs splits them in K when k is deep enough (k < 1: K
-// not known, taken as deep enough).
+// its launch in the split-tail order with `cluster_size` CTAs a cluster (0:
+// the default size), which for fewer tiles than SMs splits them in K when k
+// is deep enough (k < 1: K not known, taken as deep enough).
 TileConfig wgmma_tile_config(int64_t m, int64_t n, int64_t k, int device, int32_t cluster_size = 0);
 // The tile order worth running for wgmma_persistent's `tile_order` on this
 // problem (its cluster_size, 0: the default): the split-tail order where it

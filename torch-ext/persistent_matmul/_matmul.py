@@ -268,8 +268,8 @@ def matmul_timeline(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "persiste
     the one-CTA-per-tile rungs always run in grouped order, and wgmma_streamk
     cuts its work by stream-K whatever the order. ``cluster_size`` is
     ``matmul``'s (None: the kernel picks; wgmma_persistent and wgmma_streamk
-    take it, as ``tile_config`` does for the same launch). "dynamic" runs as grouped where it would
-    assign the same tiles (a grid that holds every tile) and for
+    take it, as ``tile_config`` does for the same launch). "dynamic" runs as
+    grouped where it would assign the same tiles (a grid that holds every tile) and for
     wgmma_persistent's CTA pairs, which walk a static order; "split_tail"
     runs as "dynamic" (pairs: grouped) where it would split nothing, as
     ``matmul`` does.
