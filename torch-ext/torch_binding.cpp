@@ -385,6 +385,24 @@ persistent_matmul::TileConfig tile_config_for(Rung rung, int64_t m, int64_t n, i
   }
 }
 
+// A launch's `cluster_size`: 0 (the kernel picks), 1 or 2, but not 2 for
+// wgmma_streamk by name (`named`: the caller named the rung, not "auto"),
+// which picks its clusters' size itself: 1 (none) is the one size a caller names.
+void check_cluster_size(Rung rung, bool named, int64_t cluster_size) {
+  STD_TORCH_CHECK(cluster_size >= 0 && cluster_size <= 2,
+                  "persistent_matmul: cluster_size must be 0 (the kernel picks), 1 or 2, got ", cluster_size);
+  STD_TORCH_CHECK(!(named && rung == Rung::kWgmmaStreamk && cluster_size == 2),
+                  "persistent_matmul: kernel 'wgmma_streamk' takes cluster_size 1 (its stream-K cut, no clusters) or "
+                  "0 (the kernel picks), got 2");
+}
+
+// wgmma_persistent's CTA pairs (cluster_size 2) where this build has them.
+void check_pairs_built(int64_t cluster_size) {
+  STD_TORCH_CHECK(cluster_size != 2 || persistent_matmul::wgmma_cluster_pairs_built(),
+                  "persistent_matmul: cluster_size=2: this build (CUDA 12) has no CTA-pair kernels of "
+                  "wgmma_persistent; pass cluster_size=1, or 0 to let the kernel pick");
+}
+
 // The columns of a timeline row (tensor_core_tile.cuh, TileRecord).
 constexpr int64_t kTimelineColumns = 8;
 
@@ -448,12 +466,7 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
   STD_TORCH_CHECK(opt.tile_order >= -1 && opt.tile_order <= 3,
                   "persistent_matmul: tile_order must be -1 (the default), 0 (grouped), 1 (Hilbert), 2 (dynamic) or 3 "
                   "(split tail), got ", opt.tile_order);
-  STD_TORCH_CHECK(opt.cluster_size >= 0 && opt.cluster_size <= 2,
-                  "persistent_matmul: cluster_size must be 0 (the kernel picks), 1 or 2, got ", opt.cluster_size);
-  // wgmma_streamk picks its clusters' size itself: 1 (none) is the one size a caller names.
-  STD_TORCH_CHECK(!(named.has_value() && rung == Rung::kWgmmaStreamk && opt.cluster_size == 2),
-                  "persistent_matmul: kernel 'wgmma_streamk' takes cluster_size 1 (its stream-K cut, no clusters) or "
-                  "0 (the kernel picks), got 2");
+  check_cluster_size(rung, named.has_value(), opt.cluster_size);
   if (opt.timeline != nullptr && opt.timeline->has_value()) {
     STD_TORCH_CHECK(persistent_matmul::rung_has_timeline(rung), "persistent_matmul: kernel '",
                     persistent_matmul::rung_name(rung), "' has no instrumented build (no timeline)");
@@ -485,9 +498,7 @@ void multiply(const Tensor& like, View a, View b, const void* bias, const View& 
       STD_TORCH_CHECK(opt.cluster_size != 2 || order != kDynamic,
                       "persistent_matmul: the dynamic tile order runs without clusters (cluster_size=1, or 0 to let "
                       "the kernel pick)");
-      STD_TORCH_CHECK(opt.cluster_size != 2 || persistent_matmul::wgmma_cluster_pairs_built(),
-                      "persistent_matmul: cluster_size=2: this build (CUDA 12) has no CTA-pair kernels of "
-                      "wgmma_persistent; pass cluster_size=1, or 0 to let the kernel pick");
+      check_pairs_built(opt.cluster_size);
       p.cluster_size = opt.cluster_size == 0 ? persistent_matmul::wgmma_default_cluster_size(m)
                                              : static_cast<int32_t>(opt.cluster_size);
       // Pairs walk a static order: where the kernel picks them, the dynamic
@@ -669,16 +680,10 @@ std::vector<int64_t> tile_config_op(int64_t m, int64_t n, int64_t device, std::s
     STD_TORCH_CHECK(false, "persistent_matmul: kernel '", kernel, "' has no tile configuration; choose one of: ",
                     names);
   }
-  STD_TORCH_CHECK(cluster_size >= 0 && cluster_size <= 2,
-                  "persistent_matmul: cluster_size must be 0 (the kernel picks), 1 or 2, got ", cluster_size);
+  check_cluster_size(*rung, true, cluster_size);
   STD_TORCH_CHECK(cluster_size == 0 || *rung == Rung::kWgmmaPersistent || *rung == Rung::kWgmmaStreamk,
                   "persistent_matmul: kernel '", kernel, "' takes no cluster_size (0), got ", cluster_size);
-  STD_TORCH_CHECK(!(*rung == Rung::kWgmmaStreamk && cluster_size == 2),
-                  "persistent_matmul: kernel 'wgmma_streamk' takes cluster_size 1 (its stream-K cut, no clusters) or "
-                  "0 (the kernel picks), got 2");
-  STD_TORCH_CHECK(cluster_size != 2 || persistent_matmul::wgmma_cluster_pairs_built(),
-                  "persistent_matmul: cluster_size=2: this build (CUDA 12) has no CTA-pair kernels of "
-                  "wgmma_persistent; pass cluster_size=1, or 0 to let the kernel pick");
+  check_pairs_built(cluster_size);
   int devices = 0;
   STD_TORCH_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && device >= 0 && device < devices,
                   "persistent_matmul: tile_config needs a CUDA device; cuda:", device, " is not present");
