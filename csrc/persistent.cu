@@ -54,99 +54,107 @@ __device__ __forceinline__ int64_t next_split_index(const MatmulProblem& p, cons
 // whole tiles or parts of a split tile's k-blocks. A part other than a tile's
 // last hands its partial sums to the last through the workspace slot of its
 // index instead of storing; the last part adds the others' before it stores.
+// TIMELINE: the instrumented kernel, which records every unit; empty in the
+// images whose plain kernel records them when p.timeline is set
+// (tc::kPlainKernelRecords).
 template <typename T, typename Shape, bool B_KMAJOR, bool TIMELINE, bool SPLIT>
 __global__ void __launch_bounds__(Shape::THREADS, Shape::MIN_CTAS) persistent_kernel(MatmulProblem p, tc::TileOperands op) {
-  extern __shared__ __align__(128) char smem[];
-  using Tile = tc::Tile<Shape, B_KMAJOR>;
-  const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
-  const int k_blocks = SPLIT ? Tile::k_tiles(op) : 0;  // read only by the split-tail order
-  // The order's next unit: a whole tile (next_tile), or a unit of the split
-  // tail; `index` becomes the unit's index there.
-  auto next_unit = [&](int64_t& position, int64_t& index, tc::WorkUnit& unit) {
-    if constexpr (SPLIT) {
-      const tc::SplitTail split(int64_t(tiles_m) * tiles_n, k_blocks, gridDim.x);
-      index = next_split_index(p, split, smem + Shape::CLAIM_SLOT_OFFSET, position == blockIdx.x);
-      position = -1;  // the first index is taken
-      if (index >= split.indices) return false;
-      unit = split.unit(index, tiles_m, tiles_n, k_blocks);
-      return true;
-    } else {
-      return next_tile<Shape>(p, smem, position, unit.tile);
-    }
-  };
-  // A unit's loads and k loop: over the whole product's K, or the unit's k-blocks.
-  auto prologue = [&](const tc::WorkUnit& unit) {
-    if constexpr (SPLIT) {
-      Tile::prologue(Tile::k_blocks_of(op, unit.k_begin, unit.k_end), smem, unit.tile.m, unit.tile.n);
-    } else {
-      Tile::prologue(op, smem, unit.tile.m, unit.tile.n);
-    }
-  };
-  auto mainloop = [&](const tc::WorkUnit& unit, float (&acc)[Shape::MMA_M][Shape::MMA_N][4]) {
-    if constexpr (SPLIT) {
-      Tile::template mainloop<T>(Tile::k_blocks_of(op, unit.k_begin, unit.k_end), smem, unit.tile.m, unit.tile.n,
-                                 acc);
-    } else {
-      Tile::template mainloop<T>(op, smem, unit.tile.m, unit.tile.n, acc);
-    }
-  };
-  int64_t position = blockIdx.x, index = 0;
-  tc::WorkUnit u;
-  if (!next_unit(position, index, u)) return;
-  prologue(u);
-  const bool staged = Shape::MIN_CTAS == 1 && Tile::can_stage_output(p);
-  while (true) {
-    const int64_t start = TIMELINE ? tc::global_timer_ns() : 0;
-    float acc[Shape::MMA_M][Shape::MMA_N][4];
-    mainloop(u, acc);
-    // The shared-memory buffers are free now: start the next tile's loads
-    // before spending time on this tile's stores.
-    tc::WorkUnit next_u;
-    int64_t next_index = 0;
-    const bool more = next_unit(position, next_index, next_u);
-    if (more) prologue(next_u);
-    const tc::SplitTail split(SPLIT ? int64_t(tiles_m) * tiles_n : 1, k_blocks, gridDim.x);
-    const int part = SPLIT ? split.part_of(index) : -1;
-    if (SPLIT && part >= 0 && part < split.parts - 1) {
-      // Not the tile's last part: pass the partial sums on.
-      const int64_t slot = index - split.whole;
-      Tile::write_partial(p.partials + slot * Shape::BM * Shape::BN, acc);
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) store_release_gpu(p.partial_flags + slot * kSplitFlagsPerSlot, 1);
-    } else {
-      if (SPLIT && part > 0) {
-        // The last part of a split tile: add the others.
-        const int64_t first_slot = index - split.whole - part;
-        if (threadIdx.x == 0) {
-          for (int j = 0; j < part; ++j) wait_and_clear_flag(p.partial_flags + (first_slot + j) * kSplitFlagsPerSlot);
-        }
+  if constexpr (TIMELINE && tc::kPlainKernelRecords) {
+    __trap();  // never launched: launch_persistent runs the plain kernel with p.timeline set
+  } else {
+    extern __shared__ __align__(128) char smem[];
+    using Tile = tc::Tile<Shape, B_KMAJOR>;
+    const bool record = TIMELINE || (tc::kPlainKernelRecords && p.timeline != nullptr);
+    const int tiles_m = int(ceil_div(p.m, Shape::BM)), tiles_n = int(ceil_div(p.n, Shape::BN));
+    const int k_blocks = SPLIT ? Tile::k_tiles(op) : 0;  // read only by the split-tail order
+    // The order's next unit: a whole tile (next_tile), or a unit of the split
+    // tail; `index` becomes the unit's index there.
+    auto next_unit = [&](int64_t& position, int64_t& index, tc::WorkUnit& unit) {
+      if constexpr (SPLIT) {
+        const tc::SplitTail split(int64_t(tiles_m) * tiles_n, k_blocks, gridDim.x);
+        index = next_split_index(p, split, smem + Shape::CLAIM_SLOT_OFFSET, position == blockIdx.x);
+        position = -1;  // the first index is taken
+        if (index >= split.indices) return false;
+        unit = split.unit(index, tiles_m, tiles_n, k_blocks);
+        return true;
+      } else {
+        return next_tile<Shape>(p, smem, position, unit.tile);
+      }
+    };
+    // A unit's loads and k loop: over the whole product's K, or the unit's k-blocks.
+    auto prologue = [&](const tc::WorkUnit& unit) {
+      if constexpr (SPLIT) {
+        Tile::prologue(Tile::k_blocks_of(op, unit.k_begin, unit.k_end), smem, unit.tile.m, unit.tile.n);
+      } else {
+        Tile::prologue(op, smem, unit.tile.m, unit.tile.n);
+      }
+    };
+    auto mainloop = [&](const tc::WorkUnit& unit, float (&acc)[Shape::MMA_M][Shape::MMA_N][4]) {
+      if constexpr (SPLIT) {
+        Tile::template mainloop<T>(Tile::k_blocks_of(op, unit.k_begin, unit.k_end), smem, unit.tile.m, unit.tile.n,
+                                   acc);
+      } else {
+        Tile::template mainloop<T>(op, smem, unit.tile.m, unit.tile.n, acc);
+      }
+    };
+    int64_t position = blockIdx.x, index = 0;
+    tc::WorkUnit u;
+    if (!next_unit(position, index, u)) return;
+    prologue(u);
+    const bool staged = Shape::MIN_CTAS == 1 && Tile::can_stage_output(p);
+    while (true) {
+      const int64_t start = record ? tc::global_timer_ns() : 0;
+      float acc[Shape::MMA_M][Shape::MMA_N][4];
+      mainloop(u, acc);
+      // The shared-memory buffers are free now: start the next tile's loads
+      // before spending time on this tile's stores.
+      tc::WorkUnit next_u;
+      int64_t next_index = 0;
+      const bool more = next_unit(position, next_index, next_u);
+      if (more) prologue(next_u);
+      const tc::SplitTail split(SPLIT ? int64_t(tiles_m) * tiles_n : 1, k_blocks, gridDim.x);
+      const int part = SPLIT ? split.part_of(index) : -1;
+      if (SPLIT && part >= 0 && part < split.parts - 1) {
+        // Not the tile's last part: pass the partial sums on.
+        const int64_t slot = index - split.whole;
+        Tile::write_partial(p.partials + slot * Shape::BM * Shape::BN, acc);
+        __threadfence();
         __syncthreads();
-        for (int j = 0; j < part; ++j) Tile::add_partial(p.partials + (first_slot + j) * Shape::BM * Shape::BN, acc);
-      }
-      Tile::template store_tile<T>(p, smem, u.tile.m, u.tile.n, staged, acc);
-    }
-    if constexpr (TIMELINE) {
-      __syncthreads();  // every thread has stored its results, or handed its partial sums over
-      if (threadIdx.x == 0) {
-        int64_t k_begin = 0, k_end = p.k;
-        if constexpr (SPLIT) {
-          // The unit's k-blocks, worked out again rather than kept in
-          // registers across the mainloop.
-          const tc::WorkUnit done = split.unit(index, tiles_m, tiles_n, k_blocks);
-          k_begin = int64_t(done.k_begin) * Shape::BK;
-          k_end = min_i64(int64_t(done.k_end) * Shape::BK, p.k);
+        if (threadIdx.x == 0) store_release_gpu(p.partial_flags + slot * kSplitFlagsPerSlot, 1);
+      } else {
+        if (SPLIT && part > 0) {
+          // The last part of a split tile: add the others.
+          const int64_t first_slot = index - split.whole - part;
+          if (threadIdx.x == 0) {
+            for (int j = 0; j < part; ++j) wait_and_clear_flag(p.partial_flags + (first_slot + j) * kSplitFlagsPerSlot);
+          }
+          __syncthreads();
+          for (int j = 0; j < part; ++j) Tile::add_partial(p.partials + (first_slot + j) * Shape::BM * Shape::BN, acc);
         }
-        const int64_t row = tc::timeline_row(u.tile, tiles_m, tiles_n, part < 0 ? -1 : index - split.whole);
-        static_cast<tc::TileRecord*>(p.timeline)[row] = {u.tile.m,    u.tile.n,   k_begin, k_end, tc::sm_id(),
-                                                         blockIdx.x, start, tc::global_timer_ns()};
+        Tile::template store_tile<T>(p, smem, u.tile.m, u.tile.n, staged, acc);
       }
+      if (record) {
+        __syncthreads();  // every thread has stored its results, or handed its partial sums over
+        if (threadIdx.x == 0) {
+          int64_t k_begin = 0, k_end = p.k;
+          if constexpr (SPLIT) {
+            // The unit's k-blocks, worked out again rather than kept in
+            // registers across the mainloop.
+            const tc::WorkUnit done = split.unit(index, tiles_m, tiles_n, k_blocks);
+            k_begin = int64_t(done.k_begin) * Shape::BK;
+            k_end = min_i64(int64_t(done.k_end) * Shape::BK, p.k);
+          }
+          const int64_t row = tc::timeline_row(u.tile, tiles_m, tiles_n, part < 0 ? -1 : index - split.whole);
+          static_cast<tc::TileRecord*>(p.timeline)[row] = {u.tile.m,    u.tile.n,   k_begin, k_end, tc::sm_id(),
+                                                           blockIdx.x, start, tc::global_timer_ns()};
+        }
+      }
+      if (!more) break;
+      u = next_u;
+      index = next_index;
     }
-    if (!more) break;
-    u = next_u;
-    index = next_index;
+    if (staged) Tile::finish_staged_output();
   }
-  if (staged) Tile::finish_staged_output();
 }
 
 // CTAs that fill the device once: SMs x resident CTAs per SM, capped at the
@@ -226,7 +234,10 @@ cudaError_t launch_persistent(const MatmulProblem& problem, cudaStream_t stream)
   if (problem.m == 0 || problem.n == 0) return cudaSuccess;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
-  return problem.timeline ? launch<true>(problem, stream, device) : launch<false>(problem, stream, device);
+  // The instrumented kernels, unless the plain ones record (tc::kPlainKernelRecords).
+  constexpr auto plain = persistent_kernel<__nv_bfloat16, tc::SmallTile, true, false, false>;
+  const bool instrumented = problem.timeline != nullptr && !tc::records_in_plain_kernel<plain>(device);
+  return instrumented ? launch<true>(problem, stream, device) : launch<false>(problem, stream, device);
 }
 
 TileConfig tensor_core_tile_config(int64_t m, int64_t n, int device) {

@@ -153,5 +153,24 @@ cudaError_t allow_dynamic_smem(int bytes, int device) {
   return err;
 }
 
+// Whether the image of kKernel that runs on `device` records timelines in
+// its plain kernels (kPlainKernelRecords): compiled for compute capability
+// 10.0 or newer, which the image's PTX version tells (the cubin of sm_100 also
+// runs on 10.3, the PTX of compute_120 on newer GPUs). Asked once per device.
+template <auto kKernel>
+bool records_in_plain_kernel(int device) {
+  static int known[128] = {};  // 1: no, 2: yes
+  const bool cacheable = device >= 0 && device < 128;
+  if (cacheable && known[device] != 0) return known[device] == 2;
+  cudaFuncAttributes attributes = {};
+  if (cudaFuncGetAttributes(&attributes, kKernel) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the launch reports real errors
+    return false;
+  }
+  const bool records = attributes.ptxVersion >= 100;
+  if (cacheable) known[device] = records ? 2 : 1;
+  return records;
+}
+
 }  // namespace tc
 }  // namespace persistent_matmul

@@ -700,6 +700,19 @@ __device__ __forceinline__ int64_t timeline_row(TileCoord tile, int tiles_m, int
   return slot < 0 ? int64_t(tile.m) * tiles_n + tile.n : int64_t(tiles_m) * tiles_n + slot;
 }
 
+// Whether this image's plain kernels of `tiled` and `persistent` record the
+// timeline themselves, when p.timeline is set: those for compute capability
+// 10.0 and newer (sm_100, sm_120 and the compute_120 PTX), whose instrumented
+// instantiations are empty: one kernel a shape and layout, not two, halves
+// the code compiled for those images. The sm_80 and sm_90 images keep a separate
+// instrumented kernel, so their plain kernels carry no recording code. The
+// host tells the two apart by the image it loaded (records_in_plain_kernel).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr bool kPlainKernelRecords = true;
+#else
+constexpr bool kPlainKernelRecords = false;
+#endif
+
 __device__ __forceinline__ int64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
