@@ -28,12 +28,23 @@ _cache_before: str | None = None  # KERNELPRESS_CACHE as it was before pytest st
 def pytest_configure(config):
     """kernelpress's content cache (check's sm_90a summaries) in a directory of
     this test run's own: shared by every test (and their child processes) that
-    checks the same build, and never the user's ~/.cache or a cache set before pytest."""
+    checks the same build, and never writing to the user's ~/.cache or a cache set
+    before pytest. It starts with a copy of that cache's summaries: each is named by
+    the bytes of the library it describes, so the one `make check` has just made of
+    this build is read, not made again (disassembling a build takes ~30-60 s)."""
+    import shutil
     import tempfile
 
     global _cache_before
     _cache_before = os.environ.get("KERNELPRESS_CACHE")
-    os.environ["KERNELPRESS_CACHE"] = tempfile.mkdtemp(prefix="kernelpress-cache-")
+    ours = Path(tempfile.mkdtemp(prefix="kernelpress-cache-"))
+    try:
+        from kernelpress.check import cache_dir
+        for entry in cache_dir().glob("sm90a-summary-*.json"):
+            shutil.copy2(entry, ours)
+    except (ImportError, OSError):
+        pass  # an unreadable cache: the summaries are made again
+    os.environ["KERNELPRESS_CACHE"] = str(ours)
 
 
 def pytest_unconfigure(config):
